@@ -1,0 +1,3 @@
+from burstsched.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The built-in burstsched plugins, registered through the ``burstsched.plugins`` entry-point group."""
