@@ -1,0 +1,63 @@
+"""How long the simulated engine takes: one engine step, and the front-end work before it.
+
+Step model (what vLLM's v1 engine does each iteration: one forward pass over a batch)::
+
+    step_s     = step_overhead_s + prefill_s_per_token * prefill_tokens + decode_s_per_seq * decode_seqs
+    frontend_s = frontend_s_per_prompt_token * prompt_tokens
+
+``prefill_tokens`` are the new prompt tokens computed in the step (prefix-cache hits excluded);
+``decode_seqs`` the running sequences that each produce one token in it. A long prefill therefore
+delays every decode that shares its step: head-of-line blocking as in vLLM.
+
+The front-end cost is the API server's per-request work before the engine sees the request
+(rendering the chat template, tokenizing, building the request). It runs per request, in parallel
+with the engine, and grows with the prompt. It is why a fully cached 5200-token prompt still takes
+~130 ms to its first token while decode steps stay ~10 ms.
+
+Calibration (defaults), against the seed measurement (0.5B model, ~5200-token prompt, 32 output tokens):
+
+- cold TTFT = frontend + one step of ~5200 prefill tokens
+  = 5200·20 µs + 10 ms + 5200·0.362 ms ≈ 104 + 10 + 1882 ≈ 2.0 s (measured 2.0 s);
+- warm TTFT (all but the last partial block and the new question cached, ~20 tokens computed)
+  = 104 ms + 10 ms + 20·0.362 ms ≈ 121 ms, plus ~8 ms of real HTTP and scheduling overhead
+  ≈ 130 ms (measured p50 127 ms, p95 159 ms);
+- 31 further decode steps of one sequence ≈ 31 · 10.2 ms ≈ 0.32 s after the first token.
+
+``loadtests/sim_calibration.py`` checks these figures end to end (client side).
+
+Every duration is multiplied by the replica's ``time_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Durations of engine steps and front-end work, in seconds at time scale 1."""
+
+    step_overhead_s: float = 0.010
+    prefill_s_per_token: float = 0.000362
+    decode_s_per_seq: float = 0.0002
+    frontend_s_per_prompt_token: float = 0.000020
+
+    def __post_init__(self) -> None:
+        names = ("step_overhead_s", "prefill_s_per_token", "decode_s_per_seq", "frontend_s_per_prompt_token")
+        for name in names:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+    def step_s(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """One engine step computing ``prefill_tokens`` prompt tokens and ``decode_seqs`` decodes."""
+        if prefill_tokens == 0 and decode_seqs == 0:
+            return 0.0
+        return (
+            self.step_overhead_s
+            + self.prefill_s_per_token * prefill_tokens
+            + self.decode_s_per_seq * decode_seqs
+        )
+
+    def frontend_s(self, prompt_tokens: int) -> float:
+        """The API server's work on one request before it reaches the engine."""
+        return self.frontend_s_per_prompt_token * prompt_tokens

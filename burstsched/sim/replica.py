@@ -1,0 +1,206 @@
+"""One simulated replica: engine, tokenizer, metrics, KV-event publisher and a uvicorn server.
+
+All of it lives on one event loop. :meth:`SimReplica.start` binds a real socket on the configured
+host and port (0: a free port) and serves; :meth:`SimReplica.stop` shuts down gracefully (bounded);
+:meth:`SimReplica.kill` drops it abruptly, like SIGKILL: the listening socket closes (new
+connections are refused) and every open connection is reset, streams included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+
+import uvicorn
+
+from burstsched.sim.chat_template import ChatTemplate
+from burstsched.sim.clock import Clock, RealClock
+from burstsched.sim.config import SimConfig
+from burstsched.sim.engine import Engine, EngineLimits
+from burstsched.sim.faults import Faults, FaultState
+from burstsched.sim.kv_events import KVEventPublisher
+from burstsched.sim.metrics import SimMetrics
+from burstsched.sim.server import SimState, build_app
+from burstsched.sim.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class SimStartError(RuntimeError):
+    """A replica (or pool) did not come up in time, or could not bind."""
+
+
+class SimReplica:
+    """A simulated vLLM replica on the running event loop."""
+
+    def __init__(self, config: SimConfig, *, name: str | None = None, clock: Clock | None = None) -> None:
+        self.config = config
+        self.name = name or config.name or "sim"
+        self.clock = clock or RealClock()
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.template = ChatTemplate(self.tokenizer.chat_template, self.tokenizer.special_tokens_map)
+        self.metrics = SimMetrics(config)
+        self.faults = FaultState(config.seed)
+        self.publisher: KVEventPublisher | None = None
+        self.engine: Engine | None = None
+        self.port: int | None = None
+        self.killed = False
+        self._server: uvicorn.Server | None = None
+        self._serve_task: asyncio.Task[None] | None = None
+        self._engine_task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("replica is not started")
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return self.publisher.endpoint if self.publisher else None
+
+    @property
+    def kv_events_replay_endpoint(self) -> str | None:
+        return self.publisher.replay_endpoint if self.publisher else None
+
+    async def start(self, start_within_s: float = 10.0) -> None:
+        """Bind, start the engine and the server; raises :class:`SimStartError` on failure or timeout."""
+        cfg = self.config
+        # proto IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then (else Nagle
+        # holds small SSE chunks back until the client's delayed ACK, ~40 ms).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((cfg.host, cfg.port))
+        except OSError as exc:
+            sock.close()
+            raise SimStartError(f"{self.name}: cannot bind {cfg.host}:{cfg.port}: {exc}") from exc
+        self.port = sock.getsockname()[1]
+        try:
+            if cfg.kv_events_endpoint is not None:
+                self.publisher = KVEventPublisher(
+                    cfg.kv_events_endpoint,
+                    topic=cfg.kv_events_topic,
+                    replay_endpoint=cfg.kv_events_replay_endpoint,
+                    encoding=cfg.kv_events_encoding,
+                )
+                self.publisher.start()
+        except Exception as exc:
+            sock.close()
+            raise SimStartError(f"{self.name}: cannot open KV events endpoint: {exc}") from exc
+        limits = EngineLimits(
+            block_size=cfg.block_size,
+            num_gpu_blocks=cfg.num_gpu_blocks,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_waiting_requests=cfg.max_waiting_requests,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+        )
+        self.engine = Engine(
+            limits,
+            cfg.cost,
+            clock=self.clock,
+            time_scale=cfg.time_scale,
+            seed=cfg.seed,
+            stats=self.metrics,
+            event_sink=self.publisher.publish if self.publisher else None,
+        )
+        state = SimState(
+            config=cfg,
+            name=self.name,
+            engine=self.engine,
+            tokenizer=self.tokenizer,
+            template=self.template,
+            metrics=self.metrics,
+            faults=self.faults,
+            clock=self.clock,
+            vocab=self.tokenizer.output_vocabulary(),
+            rng=random.Random(f"requests:{cfg.seed}"),
+            created=int(time.time()),
+        )
+        self._engine_task = asyncio.create_task(self.engine.run(), name=f"{self.name}-engine")
+        server_config = uvicorn.Config(
+            build_app(state),
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            ws="none",
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=30,
+        )
+        self._server = uvicorn.Server(server_config)
+        self._serve_task = asyncio.create_task(self._server.serve(sockets=[sock]), name=f"{self.name}-http")
+        deadline = time.monotonic() + start_within_s
+        while not self._server.started:
+            if self._serve_task.done():
+                failure = self._serve_task.exception()
+                await self._cleanup()
+                raise SimStartError(f"{self.name}: server failed to start: {failure!r}")
+            if time.monotonic() > deadline:
+                await self.kill()
+                raise SimStartError(f"{self.name}: server did not start within {start_within_s} s")
+            await asyncio.sleep(0.005)
+
+    def set_faults(self, faults: Faults) -> None:
+        self.faults.set(faults)
+
+    async def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
+        if self.engine is None or self.killed:
+            return False
+        return await self.engine.reset_prefix_cache(reset_running_requests=reset_running_requests)
+
+    async def wait_closed(self) -> None:
+        """Wait until the server stops by itself (e.g. on a signal)."""
+        if self._serve_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._serve_task)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Graceful stop: no new connections, in-flight responses get up to 2 s, then everything closes."""
+        if self._stopped:
+            return
+        if self._server is not None and self._serve_task is not None and not self._serve_task.done():
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._serve_task), grace_s)
+            except TimeoutError:
+                log.warning("%s: graceful stop timed out, killing", self.name)
+        await self.kill()
+
+    async def kill(self) -> None:
+        """Abrupt stop: refuse new connections, reset open ones, end the engine."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.killed = True
+        server = self._server
+        if server is not None:
+            for listener in getattr(server, "servers", []):
+                listener.close()
+            for connection in list(server.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is not None:
+                    transport.abort()
+            server.should_exit = True
+            server.force_exit = True
+        await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        self._stopped = True
+        self.faults.close()
+        if self.engine is not None:
+            self.engine.close()
+        for task in (self._serve_task, self._engine_task):
+            if task is not None and not task.done():
+                if task is self._engine_task:
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(task, 5.0)
+        if self.publisher is not None:
+            await self.publisher.close()
