@@ -29,5 +29,8 @@ test: lint typecheck pytest
 demo: install
 	$(BIN)/burstsched demo
 
+real-vllm: install
+	$(BIN)/python -m burstsched.testing.prepare
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

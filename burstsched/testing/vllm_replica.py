@@ -1,0 +1,317 @@
+"""Real vLLM (CPU build) replicas for tests: start on free ports, wait for health, stop by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from burstsched.testing.ports import free_ports
+from burstsched.testing.tiny_model import ensure_model
+from burstsched.testing.vllm_env import venv_python, venv_ready
+
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 20.0
+LOG_TAIL_CHARS = 4000
+
+
+class VllmStartError(RuntimeError):
+    """A replica died or did not answer `/health` in time; the message ends with its log's tail."""
+
+
+class VllmEnvMissing(RuntimeError):
+    """The vLLM venv is absent (run `make real-vllm`)."""
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """How to run each replica; `None` fields leave vLLM's defaults."""
+
+    served_model_name: str = "kv-demo"
+    model: Path | None = None
+    max_model_len: int = 8192
+    kv_cache_space_gib: int = 1
+    num_gpu_blocks_override: int | None = None
+    kv_events: bool = False
+    prompt_tokens_details: bool = True
+    otlp_traces_endpoint: str | None = None
+    extra_args: tuple[str, ...] = ()
+    start_timeout_s: float = START_TIMEOUT_S
+
+
+@dataclass
+class VllmReplica:
+    """One running API server: its URL, PID, log and (optionally) its KV-event endpoint."""
+
+    index: int
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    kv_events_port: int | None = None
+    kv_topic: str = ""
+    stopped: bool = field(default=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where a ZMQ SUB socket connects to receive this replica's KV events."""
+        return None if self.kv_events_port is None else f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError as exc:
+            return f"(no log: {exc})"
+
+
+def server_env(core: int) -> dict[str, str]:
+    """The environment a CPU replica needs; one OpenMP core each."""
+    env = dict(os.environ)
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND=str(core),
+        VLLM_SERVER_DEV_MODE="1",
+        HF_HUB_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def server_args(config: VllmConfig, model: Path, port: int, kv_port: int | None, topic: str) -> list[str]:
+    """The API server's command line (after the interpreter)."""
+    args = [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        config.served_model_name,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(config.max_model_len),
+        "--enable-prefix-caching",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    if kv_port is not None:
+        # vLLM binds only an endpoint with a wildcard (`tcp://*:PORT`); `tcp://127.0.0.1:PORT` would connect.
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{kv_port}",
+            "topic": topic,
+        }
+        args += ["--kv-events-config", json.dumps(events)]
+    if config.prompt_tokens_details:
+        args.append("--enable-prompt-tokens-details")
+    if config.num_gpu_blocks_override is not None:
+        args += ["--num-gpu-blocks-override", str(config.num_gpu_blocks_override)]
+    if config.otlp_traces_endpoint is not None:
+        args += ["--otlp-traces-endpoint", config.otlp_traces_endpoint]
+    return args + list(config.extra_args)
+
+
+def stop_process(process: subprocess.Popen[Any], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """SIGINT the process group led by `process`; SIGKILL it after `timeout_s`; reap the leader."""
+    pgid = process.pid
+    _signal_group(pgid, signal.SIGINT)
+    deadline = time.monotonic() + timeout_s
+    try:
+        process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if group_alive(pgid) or process.poll() is None:
+        _signal_group(pgid, signal.SIGKILL)
+        process.wait(timeout=timeout_s)
+        end = time.monotonic() + timeout_s
+        while group_alive(pgid) and time.monotonic() < end:
+            time.sleep(0.1)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs; zombies waiting for init to reap them do not count."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+class VllmPool:
+    """N real vLLM replicas; a context manager (`with` or `async with`) that always stops what it started."""
+
+    def __init__(
+        self,
+        n: int = 1,
+        config: VllmConfig | None = None,
+        *,
+        cores: Sequence[int] | None = None,
+        log_dir: Path | None = None,
+    ):
+        """`cores`: the core each replica's OpenMP threads bind to (default 0, 1, …). Logs go to `log_dir`
+        (kept), else to a temporary folder removed on a clean stop and kept when something failed."""
+        cpu_count = os.cpu_count() or 1
+        if n < 1 or n > cpu_count:
+            raise ValueError(f"between 1 and {cpu_count} replicas (one core each), not {n}")
+        self.n = n
+        self.config = config or VllmConfig()
+        self.cores = list(cores) if cores is not None else list(range(n))
+        if len(self.cores) != n:
+            raise ValueError("one core per replica")
+        self.replicas: list[VllmReplica] = []
+        self._log_dir: Path | None = log_dir
+        self._own_log_dir = log_dir is None
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.url for r in self.replicas]
+
+    @property
+    def names(self) -> list[str]:
+        return [f"vllm-{r.index}" for r in self.replicas]
+
+    @property
+    def endpoints(self) -> list[tuple[str, str]]:
+        """(name, base URL) of each replica."""
+        return list(zip(self.names, self.urls, strict=True))
+
+    @property
+    def model(self) -> str:
+        """The served model name requests must use."""
+        return self.config.served_model_name
+
+    def start(self) -> None:
+        """Start every replica at once, then wait until each answers `/health` (bounded)."""
+        if not venv_ready():
+            raise VllmEnvMissing("the vLLM venv is not prepared: run `make real-vllm`")
+        model = self.config.model or ensure_model()
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="burstsched-vllm-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        ports = free_ports(self.n * (2 if self.config.kv_events else 1))
+        try:
+            for i in range(self.n):
+                self.replicas.append(self._launch(i, model, ports))
+            deadline = time.monotonic() + self.config.start_timeout_s
+            with httpx.Client(timeout=2.0, trust_env=False) as client:
+                for replica in self.replicas:
+                    _wait_healthy(client, replica, deadline)
+        except BaseException:
+            self.stop(keep_logs=True)
+            raise
+
+    def _launch(self, i: int, model: Path, ports: list[int]) -> VllmReplica:
+        assert self._log_dir is not None
+        port = ports[i]
+        kv_port = ports[self.n + i] if self.config.kv_events else None
+        topic = f"kv@127.0.0.1:{port}@{self.config.served_model_name}" if kv_port is not None else ""
+        log_path = self._log_dir / f"replica-{i}-{port}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [str(venv_python()), *server_args(self.config, model, port, kv_port, topic)],
+                env=server_env(self.cores[i]),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return VllmReplica(i, port, process, log_path, kv_port, topic)
+
+    def stop(self, *, keep_logs: bool = False) -> None:
+        """Stop every replica by PID (whole process group); remove the logs unless asked to keep them."""
+        for replica in self.replicas:
+            if not replica.stopped:
+                stop_process(replica.process)
+                replica.stopped = True
+        if self._log_dir is not None and self._own_log_dir and not keep_logs:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+
+    def __enter__(self) -> VllmPool:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop(keep_logs=exc is not None)
+
+    async def __aenter__(self) -> VllmPool:
+        await anyio.to_thread.run_sync(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: self.stop(keep_logs=exc is not None))
+
+
+def _wait_healthy(client: httpx.Client, replica: VllmReplica, deadline: float) -> None:
+    while True:
+        code = replica.process.poll()
+        if code is not None:
+            raise VllmStartError(
+                f"vLLM replica {replica.index} (pid {replica.pid}) exited with {code} during start-up; "
+                f"log {replica.log_path}:\n{replica.log_tail()}"
+            )
+        try:
+            if client.get(f"{replica.url}/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise VllmStartError(
+                f"vLLM replica {replica.index} (pid {replica.pid}) did not answer /health in time; "
+                f"log {replica.log_path}:\n{replica.log_tail()}"
+            )
+        time.sleep(0.5)

@@ -1,0 +1,123 @@
+"""The launcher's own behaviour, without vLLM: environment checks, start-up failures, stopping by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from burstsched.testing import vllm_env
+from burstsched.testing.fixtures import skip_reason
+from burstsched.testing.ports import free_ports
+from burstsched.testing.vllm_replica import (
+    VllmConfig,
+    VllmEnvMissing,
+    VllmPool,
+    VllmStartError,
+    group_alive,
+    server_args,
+    stop_process,
+)
+
+
+def _fake_venv(cache: Path, script: str) -> None:
+    """A 'vLLM venv' whose python is a shell script, stamped as ready."""
+    venv = cache / "vllm-venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\n" + script + "\n")
+    python.chmod(0o755)
+    (venv / vllm_env.STAMP_NAME).write_text(vllm_env.stamp_text())
+
+
+def test_cache_root_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BURSTSCHED_CACHE", str(tmp_path / "explicit"))
+    assert vllm_env.venv_dir() == tmp_path / "explicit" / "vllm-venv"
+    monkeypatch.delenv("BURSTSCHED_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert vllm_env.cache_root() == tmp_path / "xdg" / "burstsched"
+
+
+def test_missing_environment_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BURSTSCHED_CACHE", str(tmp_path))
+    assert not vllm_env.venv_ready()
+    reason = skip_reason()
+    assert reason is not None and "make real-vllm" in reason
+    with pytest.raises(VllmEnvMissing):
+        VllmPool(1).start()
+
+
+def test_a_server_that_dies_at_start_names_its_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BURSTSCHED_CACHE", str(tmp_path))
+    _fake_venv(tmp_path, 'echo "fake engine: no AVX512 here" >&2\nexit 3')
+    pool = VllmPool(1, VllmConfig(model=tmp_path, start_timeout_s=20), log_dir=tmp_path / "logs")
+    with pytest.raises(VllmStartError, match="exited with 3") as info:
+        pool.start()
+    assert "fake engine: no AVX512 here" in str(info.value)
+    assert all(r.stopped for r in pool.replicas)
+
+
+def test_a_server_that_never_answers_is_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BURSTSCHED_CACHE", str(tmp_path))
+    _fake_venv(tmp_path, 'echo "loading weights"\nexec sleep 60')
+    pool = VllmPool(1, VllmConfig(model=tmp_path, start_timeout_s=2), log_dir=tmp_path / "logs")
+    with pytest.raises(VllmStartError, match="did not answer /health") as info:
+        pool.start()
+    assert "loading weights" in str(info.value)
+    replica = pool.replicas[0]
+    assert replica.process.returncode is not None
+    assert not group_alive(replica.pid)
+
+
+def test_stop_escalates_to_sigkill_for_the_whole_group() -> None:
+    # A leader that ignores SIGINT, with a child in its process group that ignores it too.
+    code = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)'])\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, text=True
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    stop_process(process, timeout_s=1.0)
+    process.stdout.close()
+    assert process.returncode == -signal.SIGKILL
+    assert not group_alive(process.pid)
+
+
+def test_server_args_carry_the_options(tmp_path: Path) -> None:
+    config = VllmConfig(
+        model=tmp_path,
+        num_gpu_blocks_override=80,
+        kv_events=True,
+        otlp_traces_endpoint="http://127.0.0.1:4318",
+    )
+    args = server_args(config, tmp_path, 8001, 5557, "kv@127.0.0.1:8001@kv-demo")
+    assert args[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    for flag in ("--enable-prefix-caching", "--enforce-eager", "--enable-prompt-tokens-details"):
+        assert flag in args
+    assert args[args.index("--num-gpu-blocks-override") + 1] == "80"
+    assert '"endpoint": "tcp://*:5557"' in args[args.index("--kv-events-config") + 1]
+    assert args[args.index("--otlp-traces-endpoint") + 1] == "http://127.0.0.1:4318"
+    assert args[args.index("--dtype") + 1] == "float32"
+
+
+def test_pool_size_is_bounded_by_cores() -> None:
+    with pytest.raises(ValueError):
+        VllmPool((os.cpu_count() or 1) + 1)
+    assert len(set(free_ports(4))) == 4
+
+
+def test_public_names_exist() -> None:
+    import burstsched.testing as testing
+
+    assert sorted(testing.__all__) == testing.__all__
+    assert all(hasattr(testing, name) for name in testing.__all__)
