@@ -1,0 +1,83 @@
+"""``burstsched demo``: the seed experiment (workloads.md §1) through burstsched on a 2-replica pool.
+
+Policies run in the seed's order (random→prefix-aware, prefix-aware→random, random→prefix-aware);
+both policies of a round use the same fresh contexts, and every switch of policy starts a fresh
+router (an empty index) on replicas whose prefix caches were just reset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+
+from burstsched.workloads.pools import Backend, PoolHandle, open_pool
+from burstsched.workloads.router_process import router_process
+from burstsched.workloads.seed import PairRecord, format_table, make_contexts, run_pairs, summarize
+
+POLICIES = ("random", "prefix-aware")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend", choices=("sim", "vllm"), default="sim", help="replica pool (default: sim)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison (default 3)")
+    parser.add_argument("--pairs", type=int, default=10, help="pairs per round (default 10)")
+    parser.add_argument("--json", type=Path, default=None, help="write the summary as JSON to this path")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale (sim backend)")
+    parser.add_argument("--context-tokens", type=int, default=5200, help="tokens per shared context")
+    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    parser.add_argument(
+        "--config-dir", type=Path, default=Path("config"), help="folder of the policy configs"
+    )
+
+
+def policy_order(round_index: int) -> tuple[str, str]:
+    """The seed's order: random first in even rounds, prefix-aware first in odd ones."""
+    return POLICIES if round_index % 2 == 0 else (POLICIES[1], POLICIES[0])
+
+
+async def run_demo(args: argparse.Namespace) -> dict[str, list[PairRecord]]:
+    backend: Backend = args.backend
+    records: dict[str, list[PairRecord]] = {p: [] for p in POLICIES}
+    async with (
+        open_pool(backend, 2, time_scale=args.time_scale) as pool,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        for round_index in range(args.rounds):
+            contexts = await make_contexts(
+                client, pool.replicas[0], pool.model, args.pairs, args.context_tokens, f"r{round_index}"
+            )
+            for policy in policy_order(round_index):
+                started = time.perf_counter()
+                records[policy] += await _run_policy(client, pool, policy, contexts, args)
+                print(
+                    f"round {round_index + 1}/{args.rounds} {policy}: {args.pairs} pairs in "
+                    f"{time.perf_counter() - started:.1f} s",
+                    flush=True,
+                )
+    return records
+
+
+async def _run_policy(
+    client: httpx.AsyncClient, pool: PoolHandle, policy: str, contexts: list[str], args: argparse.Namespace
+) -> list[PairRecord]:
+    await pool.reset_prefix_caches(client)
+    config = args.config_dir / f"{policy}.yaml"
+    async with router_process(config, pool.endpoints) as router_url:
+        return await run_pairs(client, router_url, pool.replicas, contexts, pool.model, args.max_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    records = anyio.run(run_demo, args)
+    summaries = [summarize(policy, records[policy]) for policy in POLICIES]
+    print()
+    print(format_table(summaries))
+    if args.json is not None:
+        args.json.write_text(json.dumps({s.policy: s.as_json() for s in summaries}, indent=2) + "\n")
+    return 0

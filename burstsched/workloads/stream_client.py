@@ -1,0 +1,98 @@
+"""A streaming chat request timed the way the workloads report it.
+
+TTFT is client side: from sending the request to the first non-empty ``delta.content``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """What one streamed chat completion looked like from the client."""
+
+    status: int
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    content: str = ""
+    usage: dict[str, Any] | None = None
+    endpoint: str | None = None
+    error: dict[str, Any] | None = None
+    done: bool = False
+    chunks: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        value = details.get("cached_tokens")
+        return int(value) if value is not None else None
+
+
+def chat_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The seed protocol's request body: one user message, streamed, greedy, with usage."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def stream_chat(
+    client: httpx.AsyncClient,
+    base_url: str,
+    body: dict[str, Any],
+    request_id: str,
+    clock: Callable[[], float] = time.perf_counter,
+) -> StreamResult:
+    """Send one streaming chat completion and read it to the end."""
+    start = clock()
+    headers = {"X-Request-Id": request_id}
+    async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body, headers=headers) as resp:
+        result = StreamResult(status=resp.status_code, endpoint=resp.headers.get("x-burstsched-endpoint"))
+        result.headers = dict(resp.headers)
+        if resp.status_code != 200:
+            raw = await resp.aread()
+            result.error = _error_of(raw)
+            result.e2e_s = clock() - start
+            return result
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                result.done = True
+                continue
+            chunk = json.loads(data)
+            result.chunks += 1
+            if "error" in chunk:
+                result.error = chunk["error"]
+                continue
+            if chunk.get("usage"):
+                result.usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text and result.ttft_s is None:
+                    result.ttft_s = clock() - start
+                result.content += text
+    result.e2e_s = clock() - start
+    return result
+
+
+def _error_of(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return {"message": raw[:200].decode(errors="replace")}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {"message": str(body)[:200]}
