@@ -1,0 +1,154 @@
+"""The admission facade: the one call the app makes per request.
+
+``await admission.admit(request)`` returns an :class:`Admitted`: the request's :class:`Decision` (its
+endpoint first, then the failover order) and, for tracing and metrics, its window, group, role and wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+
+from burstsched.admission.assign import Limits, Role
+from burstsched.admission.clock import Clock, LoopClock
+from burstsched.admission.errors import NoEndpointAvailable
+from burstsched.admission.placement import GroupPlacer, Placed, Snapshots, warm_blocks
+from burstsched.admission.window import AdmissionWindow, Batch
+from burstsched.config.admission import AdmissionConfig
+from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
+from burstsched.scheduling import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Where a request goes and how it got there.
+
+    ``window_id`` is None when admission is off; ``group_id`` is ``"<window>.<group>"``; ``role`` is leader,
+    member or spill for windowed requests and bypass for those scheduled alone at once; ``waited_s`` is the
+    time from ``admit`` to the decision (window wait plus placement).
+    """
+
+    decision: Decision
+    window_id: int | None
+    group_id: str | None
+    role: Role
+    group_size: int
+    shared_blocks: int
+    waited_s: float
+
+    @property
+    def endpoint(self) -> EndpointSnapshot:
+        return self.decision.endpoint
+
+
+class Admission:
+    """Window, grouping and group placement in front of the scheduler; an async context (the app's lifespan).
+
+    ``snapshots(model)`` gives the endpoints serving ``model`` as they are now (e.g. ``pool.snapshots``).
+    """
+
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        scheduler: Scheduler,
+        snapshots: Snapshots,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self._config = config
+        self._scheduler = scheduler
+        self._snapshots = snapshots
+        self._clock: Clock = clock or LoopClock()
+        self._placer = GroupPlacer(
+            scheduler,
+            snapshots,
+            min_shared_blocks=config.min_shared_blocks,
+            limits=Limits(config.max_per_endpoint, config.fair_share_factor),
+        )
+        self._window: AdmissionWindow[SchedRequest, Admitted] = AdmissionWindow(
+            self._place,
+            window_s=config.window_ms / 1000,
+            max_batch=config.max_batch,
+            queue_limit=config.queue_limit,
+            retry_after_s=config.retry_after_s,
+            bypass=self.bypasses,
+            clock=self._clock,
+        )
+
+    @property
+    def held(self) -> int:
+        """Requests waiting in a window or being placed."""
+        return self._window.held
+
+    async def __aenter__(self) -> Admission:
+        await self._window.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._window.__aexit__(exc_type, exc, tb)
+
+    async def admit(self, request: SchedRequest) -> Admitted:
+        """Decide where ``request`` goes, after its window if it waits in one.
+
+        Raises :class:`AdmissionQueueFull` (answer 429 with ``Retry-After: retry_after_s``),
+        :class:`NoEndpointAvailable` (503), :class:`AdmissionClosed` (503, shutting down).
+        """
+        started = self._clock.now()
+        if not self._config.enabled:
+            decision = self._schedule_alone(request)
+            return Admitted(decision, None, None, Role.BYPASS, 1, 0, self._clock.now() - started)
+        admitted = await self._window.submit(request)
+        return dataclasses.replace(admitted, waited_s=self._clock.now() - started)
+
+    def bypasses(self, request: SchedRequest) -> bool:
+        """Whether ``request`` skips the window: too short to share a group's prefix, or warm on an endpoint
+        that is not saturated (with ``bypass_warm``)."""
+        config = self._config
+        if len(request.block_hashes) < config.min_shared_blocks:
+            return True
+        if not config.bypass_warm:
+            return False
+        endpoints = [e for e in self._snapshots(request.model) if not self._saturated(e)]
+        if not endpoints:
+            return False
+        matched = warm_blocks(self._scheduler, request, endpoints)
+        return any(blocks >= config.min_shared_blocks for blocks in matched.values())
+
+    def _saturated(self, endpoint: EndpointSnapshot) -> bool:
+        config = self._config
+        return (
+            not endpoint.healthy
+            or endpoint.stale
+            or endpoint.waiting + endpoint.pending >= config.bypass_max_waiting
+            or endpoint.kv_usage >= config.bypass_max_kv_usage
+        )
+
+    def _schedule_alone(self, request: SchedRequest) -> Decision:
+        endpoints = self._snapshots(request.model)
+        if not endpoints:
+            raise NoEndpointAvailable(f"no endpoint serves model {request.model!r}")
+        return self._scheduler.schedule(request, endpoints)
+
+    async def _place(self, batch: Batch[SchedRequest]) -> Mapping[str, Admitted]:
+        if batch.bypass:
+            ((ticket, request),) = batch.entries
+            decision = self._schedule_alone(request)
+            return {ticket: Admitted(decision, batch.window_id, None, Role.BYPASS, 1, 0, 0.0)}
+        placed = self._placer.place(batch.entries)
+        return {ticket: _admitted(batch.window_id, p) for ticket, p in placed.items()}
+
+
+def _admitted(window_id: int, placed: Placed) -> Admitted:
+    return Admitted(
+        decision=placed.decision,
+        window_id=window_id,
+        group_id=f"{window_id}.{placed.group}",
+        role=placed.role,
+        group_size=placed.group_size,
+        shared_blocks=placed.shared_blocks,
+        waited_s=0.0,
+    )

@@ -1,0 +1,271 @@
+"""The Starlette application: ``create_app(config, ...)`` builds the router; its lifespan owns the resources.
+
+Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (scheduled and proxied),
+``GET /v1/models``, ``GET /health`` (liveness), ``GET /ready`` (at least one healthy endpoint),
+``GET /metrics`` (the router's own metrics), ``POST /admin/reset`` (drop learned scheduling state, e.g. the
+prefix index).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import anyio
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from burstsched.admission import Admission, AdmissionClosed, AdmissionQueueFull, NoEndpointAvailable
+from burstsched.config import RouterConfig
+from burstsched.dispatch import Dispatcher, LeanTransport, getter, upstream_for, upstream_request_headers
+from burstsched.errors import error_response
+from burstsched.framework import (
+    ApiKind,
+    PluginContext,
+    PluginRegistry,
+)
+from burstsched.metrics import CONTENT_TYPE, RouterMetrics
+from burstsched.pool import EndpointPool
+from burstsched.request import ClientDisconnected, RequestError, parse_request, read_body
+from burstsched.scheduling import Scheduler, build_scheduler
+from burstsched.telemetry import RequestTrace, Tracing, resolve_tracing
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class Router:
+    """The running router's parts, built by the lifespan; the app's handlers go through it."""
+
+    config: RouterConfig
+    client: httpx.AsyncClient
+    pool: EndpointPool
+    scheduler: Scheduler
+    dispatcher: Dispatcher
+    metrics: RouterMetrics
+    admission: Admission
+    tracing: Tracing | None = None
+
+    async def handle_completion(
+        self, api: ApiKind, scope: Scope, receive: Receive, send: Send, trace: RequestTrace | None = None
+    ) -> None:
+        """Read, validate, schedule and proxy one chat or completions request (``trace``: its spans)."""
+        client_headers: list[tuple[bytes, bytes]] = scope["headers"]
+        header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in client_headers}
+        try:
+            body = await read_body(receive, header_map, self.config.limits.max_body_bytes)
+            parsed = parse_request(api, body)
+            if self.pool.healthy_count() == 0:
+                self.metrics.request_done(None, "unavailable")
+                await error_response(503, "no healthy endpoint")(scope, receive, send)
+                return
+            model = self._resolve_model(parsed.model)
+        except ClientDisconnected:
+            self.metrics.request_done(None, "cancelled")
+            return
+        except RequestError as exc:
+            self.metrics.request_done(None, "rejected")
+            response = error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+            await response(scope, receive, send)
+            return
+        request_id = header_map.get("x-request-id") or uuid.uuid4().hex
+        request = parsed.to_sched_request(request_id, model, self.config.prefix_hashing)
+        if trace is not None:
+            trace.describe(parsed.payload, chat=api is ApiKind.CHAT, model=model, request_id=request_id)
+        candidates = self.pool.snapshots(model)
+        if not any(e.healthy for e in candidates):
+            self.metrics.request_done(None, "unavailable")
+            await error_response(503, f"no healthy endpoint serves model {model!r}")(scope, receive, send)
+            return
+        if trace is not None:
+            trace.scheduling_started()
+        try:
+            admitted = await self.admission.admit(request)
+        except AdmissionQueueFull as exc:
+            self.metrics.request_done(None, "throttled")
+            retry = {"Retry-After": str(exc.retry_after_s)}
+            await error_response(429, str(exc), headers=retry)(scope, receive, send)
+            return
+        except (NoEndpointAvailable, AdmissionClosed) as exc:
+            self.metrics.request_done(None, "unavailable")
+            await error_response(503, str(exc))(scope, receive, send)
+            return
+        decision = admitted.decision
+        self.metrics.observe_decision(decision)
+        if trace is not None:
+            trace.scheduled(decision)
+        headers = upstream_request_headers(client_headers, request_id)
+        await self.dispatcher.forward(parsed, request, decision, headers, receive, send, trace=trace)
+
+    def _resolve_model(self, model: str | None) -> str:
+        if model is None:
+            known = self.pool.model_ids()
+            if len(known) == 1:
+                return known[0]
+            raise RequestError(400, "'model' is required", param="model")
+        if not self.pool.knows_model(model):
+            raise RequestError(
+                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            )
+        return model
+
+
+def _router(scope: Scope) -> Router:
+    router: Router = scope["app"].state.router
+    return router
+
+
+class _CompletionsEndpoint:
+    """A raw ASGI endpoint, so the proxy writes straight to ``send``."""
+
+    def __init__(self, api: ApiKind) -> None:
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        router = _router(scope)
+        send = router.metrics.timed(send)
+        if router.tracing is None:
+            await router.handle_completion(self.api, scope, receive, send)
+        else:
+            await router.tracing.serve(scope, receive, send, partial(router.handle_completion, self.api))
+
+
+async def _models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": _router(request.scope).pool.model_cards()})
+
+
+async def _health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _ready(request: Request) -> Response:
+    healthy = _router(request.scope).pool.healthy_count()
+    if healthy == 0:
+        return error_response(503, "no healthy endpoint")
+    return JSONResponse({"status": "ready", "healthy_endpoints": healthy})
+
+
+async def _metrics(request: Request) -> Response:
+    return Response(_router(request.scope).metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _reset(request: Request) -> Response:
+    _router(request.scope).scheduler.reset()
+    return JSONResponse({"status": "reset"})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, exc.detail, headers=dict(exc.headers or {}))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    log.error("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal error in the router")
+
+
+def create_app(
+    config: RouterConfig,
+    *,
+    registry: PluginRegistry | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Clock = time.monotonic,
+    rng: random.Random | None = None,
+) -> Starlette:
+    """The router as an ASGI app; its lifespan builds the scheduler, the upstream client and the pool.
+
+    ``registry`` defaults to the installed plugins; ``transport`` replaces the upstream transport (default:
+    :class:`LeanTransport`, a keep-alive HTTP/1.1 pool);
+    ``clock`` (monotonic seconds) and ``rng`` drive staleness and the pickers' randomness.
+    """
+    registry = registry if registry is not None else PluginRegistry.discover()
+    rng = rng if rng is not None else random.Random()
+    build_scheduler(
+        config, registry, PluginContext(rng=random.Random(0), clock=clock)
+    )  # fail fast on bad config
+    tracing_settings = resolve_tracing(config.tracing, os.environ)  # None: tracing off, no tracer at all
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        metrics = RouterMetrics()
+        scheduler = build_scheduler(
+            config,
+            registry,
+            PluginContext(rng=rng, clock=clock),
+            observer=metrics.observe_plugin,
+            cycle_observer=metrics.scheduling_duration.observe,
+        )
+        timeouts = config.dispatch.timeouts
+        upstream = transport or LeanTransport(
+            max_connections=config.dispatch.max_connections,
+            max_keepalive_connections=config.dispatch.max_keepalive_connections,
+        )
+        upstream_timeouts = httpx.Timeout(
+            connect=timeouts.connect_ms / 1000.0,
+            read=timeouts.read_ms / 1000.0,
+            write=timeouts.write_ms / 1000.0,
+            pool=timeouts.pool_ms / 1000.0,
+        )
+        async with httpx.AsyncClient(transport=upstream, timeout=upstream_timeouts) as client:
+            upstream_io = upstream_for(upstream)
+            pool = EndpointPool(
+                config.endpoints,
+                client,
+                config.pool,
+                clock=clock,
+                models=config.models,
+                fetch=getter(upstream_io),
+            )
+            metrics.watch_endpoints(pool.snapshots)
+            metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
+            dispatcher = Dispatcher(
+                upstream_io,
+                pool,
+                metrics,
+                on_dispatch=scheduler.on_dispatch,
+                max_attempts=config.dispatch.max_attempts,
+                timeouts=upstream_timeouts,
+            )
+            tracing = Tracing(tracing_settings) if tracing_settings is not None else None
+            admission = Admission(config.admission, scheduler, pool.snapshots)
+            app.state.router = Router(
+                config, client, pool, scheduler, dispatcher, metrics, admission, tracing
+            )
+            await pool.refresh()
+            async with admission, anyio.create_task_group() as tg:
+                tg.start_soon(pool.run)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+                    if tracing is not None:
+                        await tracing.aclose()  # exports the spans still queued
+
+    routes = [
+        Route("/v1/chat/completions", _CompletionsEndpoint(ApiKind.CHAT), methods=["POST"]),
+        Route("/v1/completions", _CompletionsEndpoint(ApiKind.COMPLETIONS), methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+        Route("/health", _health, methods=["GET"]),
+        Route("/ready", _ready, methods=["GET"]),
+        Route("/metrics", _metrics, methods=["GET"]),
+        Route("/admin/reset", _reset, methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error, Exception: _unexpected_error},
+    )

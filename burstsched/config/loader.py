@@ -1,0 +1,92 @@
+"""Loading the configuration, stage one: strict decode of YAML into :class:`RouterConfig`.
+
+The later stages (build plugins, validate references, wire the scheduler) live in
+:mod:`burstsched.scheduling.builder`; every stage reports errors as :class:`ConfigError` with field paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from burstsched.config.errors import ConfigError, ConfigIssue, issues_from_validation
+from burstsched.config.models import EndpointConfig, RouterConfig
+
+
+def decode_config(data: Any, *, source: str | None = None) -> RouterConfig:
+    """Validate a decoded document (``None`` counts as empty) into a :class:`RouterConfig`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigIssue("", "the configuration must be a mapping")], source)
+    try:
+        config = RouterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(issues_from_validation(exc), source) from None
+    issues = check_names(config)
+    if issues:
+        raise ConfigError(issues, source)
+    return config
+
+
+def check_names(config: RouterConfig) -> list[ConfigIssue]:
+    """Endpoint and plugin names must be unique."""
+    issues: list[ConfigIssue] = []
+    seen: set[str] = set()
+    for i, endpoint in enumerate(config.endpoints):
+        if endpoint.endpoint_name in seen:
+            issues.append(
+                ConfigIssue(f"endpoints[{i}].name", f"duplicate endpoint name {endpoint.endpoint_name!r}")
+            )
+        seen.add(endpoint.endpoint_name)
+    seen = set()
+    for i, plugin in enumerate(config.plugins):
+        if plugin.instance_name in seen:
+            issues.append(
+                ConfigIssue(f"plugins[{i}].name", f"duplicate plugin name {plugin.instance_name!r}")
+            )
+        seen.add(plugin.instance_name)
+    return issues
+
+
+def parse_config_text(text: str, *, source: str | None = None) -> RouterConfig:
+    """Parse YAML text into a :class:`RouterConfig`."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigIssue("", f"not valid YAML: {exc}")], source) from None
+    return decode_config(data, source=source)
+
+
+def load_config(path: str | Path, *, endpoints: Sequence[EndpointConfig] | None = None) -> RouterConfig:
+    """Read a YAML config file; ``endpoints``, when given and not empty, replace the file's list."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigIssue("", f"cannot read: {exc}")], str(path)) from None
+    config = parse_config_text(text, source=str(path))
+    if endpoints:
+        config = config.with_endpoints(list(endpoints))
+        issues = check_names(config)
+        if issues:
+            raise ConfigError(issues, "(command line endpoints)")
+    return config
+
+
+def parse_endpoint_arg(text: str) -> EndpointConfig:
+    """``URL`` or ``NAME=URL`` from the command line."""
+    name: str | None = None
+    url = text
+    head, sep, tail = text.partition("=")
+    if sep and "://" not in head:
+        name, url = head, tail
+    try:
+        return EndpointConfig(url=url, name=name)
+    except ValidationError as exc:
+        issues = issues_from_validation(exc, prefix="--endpoint")
+        raise ConfigError(issues, repr(text)) from None

@@ -1,0 +1,214 @@
+"""The router's configuration, as strict pydantic models (unknown fields are errors).
+
+``RouterConfig()`` with no arguments is the recommended configuration (``config/default.yaml``) minus the
+endpoints, which a config file or the command line supplies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from burstsched.config.admission import AdmissionConfig
+
+
+class StrictModel(BaseModel):
+    """Base of the config models: unknown fields refused, no type coercion, immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class EndpointConfig(StrictModel):
+    """One replica: its base URL (``http://host:port``) and an optional name (default ``host:port``)."""
+
+    url: str = Field(description="Base URL of a vLLM-compatible replica, e.g. http://127.0.0.1:8001.")
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name used in metrics and in the x-burstsched-endpoint header (default host:port).",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a URL: {exc}") from exc
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        if url.query or url.fragment:
+            raise ValueError("must not carry a query or fragment")
+        return value.rstrip("/")
+
+    @property
+    def endpoint_name(self) -> str:
+        if self.name is not None:
+            return self.name
+        url = httpx.URL(self.url)
+        return f"{url.host}:{url.port}" if url.port is not None else url.host
+
+
+class PoolConfig(StrictModel):
+    """How the endpoint pool watches the replicas."""
+
+    scrape_interval_ms: float = Field(
+        default=50.0, gt=0, description="Period of each replica's /metrics scrape."
+    )
+    staleness_threshold_ms: float = Field(
+        default=200.0,
+        gt=0,
+        description="An endpoint with no successful scrape for this long is stale: its queue and KV figures "
+        "are ignored and scoring falls back to the router's own in-flight counts.",
+    )
+    scrape_timeout_ms: float = Field(default=1000.0, gt=0, description="Timeout of one /metrics scrape.")
+    health_check_interval_ms: float = Field(
+        default=1000.0, gt=0, description="Period of each replica's /health and /v1/models check."
+    )
+    health_check_timeout_ms: float = Field(default=1000.0, gt=0, description="Timeout of one health check.")
+
+
+class TimeoutsConfig(StrictModel):
+    """Upstream timeouts of the dispatcher, in milliseconds."""
+
+    connect_ms: float = Field(default=2000.0, gt=0, description="Connecting to a replica.")
+    read_ms: float = Field(
+        default=300_000.0, gt=0, description="Longest wait for the next bytes of a replica's response."
+    )
+    write_ms: float = Field(default=30_000.0, gt=0, description="Sending the request body.")
+    pool_ms: float = Field(default=10_000.0, gt=0, description="Waiting for a free upstream connection.")
+
+
+class DispatchConfig(StrictModel):
+    """Upstream proxying."""
+
+    max_attempts: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="Endpoints tried per request before its first byte reaches the client (connect error, "
+        "timeout or 5xx moves it to the next best).",
+    )
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    max_connections: int = Field(default=1024, ge=1, description="Upstream connections open at once, in all.")
+    max_keepalive_connections: int = Field(default=256, ge=0, description="Idle upstream connections kept.")
+
+
+class LimitsConfig(StrictModel):
+    """Limits on client requests."""
+
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
+    )
+
+
+class PrefixHashingConfig(StrictModel):
+    """How a request's prompt becomes a chain of block hashes (approximate mode: no tokenizer)."""
+
+    block_tokens: int = Field(default=64, ge=1, le=4096, description="Pseudo-tokens per block.")
+    bytes_per_token: int = Field(default=4, ge=1, le=64, description="Prompt bytes per pseudo-token.")
+    max_blocks: int = Field(
+        default=256, ge=1, description="Most blocks hashed per request (the rest ignored)."
+    )
+
+
+class PluginSpec(StrictModel):
+    """A plugin instance: its registered ``type``, a unique ``name`` (default: the type) and parameters."""
+
+    type: str = Field(min_length=1, description="Registered plugin type name.")
+    name: str | None = Field(default=None, min_length=1, description="Instance name (default: the type).")
+    parameters: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters, validated by the plugin type's own model."
+    )
+
+    @property
+    def instance_name(self) -> str:
+        return self.name if self.name is not None else self.type
+
+
+class ProfilePluginRef(StrictModel):
+    """A plugin used by the scheduling profile; ``weight`` applies to scorers only (default 1)."""
+
+    plugin_ref: str = Field(min_length=1, description="Name of a plugin instance from `plugins`.")
+    weight: float | None = Field(default=None, ge=0, description="Scorer weight (scorers only; default 1).")
+
+
+class ProfileConfig(StrictModel):
+    """The scheduling profile: producers, filters and weighted scorers, in order, and one picker."""
+
+    plugins: list[ProfilePluginRef] = Field(
+        default_factory=lambda: [
+            ProfilePluginRef(plugin_ref="approx-prefix-producer"),
+            ProfilePluginRef(plugin_ref="health-filter"),
+            ProfilePluginRef(plugin_ref="prefix-cache-scorer", weight=3.0),
+            ProfilePluginRef(plugin_ref="queue-scorer", weight=2.0),
+            ProfilePluginRef(plugin_ref="kv-utilization-scorer", weight=2.0),
+        ]
+    )
+    picker: str = Field(default="max-score-picker", min_length=1, description="Name of the picker instance.")
+
+
+def _default_plugins() -> list[PluginSpec]:
+    return [
+        PluginSpec(type="approx-prefix-producer"),
+        PluginSpec(type="health-filter"),
+        PluginSpec(type="prefix-cache-scorer"),
+        PluginSpec(type="queue-scorer"),
+        PluginSpec(type="kv-utilization-scorer"),
+        PluginSpec(type="max-score-picker", parameters={"tie_break": "least-recent"}),
+    ]
+
+
+class TracingConfig(StrictModel):
+    """OpenTelemetry tracing, exported over OTLP/HTTP (protobuf).
+
+    The standard ``OTEL_*`` environment variables take precedence over this section: an
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` turns tracing on (unless
+    ``enabled`` is false) and replaces ``endpoint``; ``OTEL_SERVICE_NAME`` replaces ``service_name``;
+    ``OTEL_TRACES_SAMPLER`` replaces ``sample_ratio``; ``OTEL_SDK_DISABLED=true`` or
+    ``OTEL_TRACES_EXPORTER=none`` turns it off.
+    """
+
+    enabled: bool | None = Field(
+        default=None,
+        description="true: trace; false: never trace; null (default): trace when an OTLP endpoint is set, "
+        "here or in OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT.",
+    )
+    service_name: str = Field(default="burstsched", min_length=1, description="The service.name resource.")
+    endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318; a URL without a path gets /v1/traces. "
+        "Default (when enabled): http://localhost:4318/v1/traces.",
+    )
+    sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of new traces recorded; a client's traceparent decides for the traces it starts.",
+    )
+
+
+class RouterConfig(StrictModel):
+    """The whole configuration of one router process."""
+
+    endpoints: list[EndpointConfig] = Field(
+        default_factory=list, description="The replicas; may be empty when given on the command line."
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        description="Model names served through the router; empty: the names the replicas report.",
+    )
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    prefix_hashing: PrefixHashingConfig = Field(default_factory=PrefixHashingConfig)
+    plugins: list[PluginSpec] = Field(default_factory=_default_plugins)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+
+    def with_endpoints(self, endpoints: list[EndpointConfig]) -> RouterConfig:
+        """A copy with ``endpoints`` replacing the configured ones."""
+        return self.model_copy(update={"endpoints": list(endpoints)})

@@ -1,0 +1,266 @@
+"""Upstream proxying with failover before the first byte and an error event after it.
+
+The response is written straight to the ASGI ``send``: a streaming (SSE) response is forwarded chunk by
+chunk as it arrives; any other response is read whole first, so a failure while reading it can still move
+the request to the next endpoint. A client disconnect cancels the upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+from starlette.types import Receive, Send
+
+from burstsched.dispatch.headers import client_response_headers
+from burstsched.dispatch.upstream import Upstream, UpstreamResponse
+from burstsched.errors import error_body, sse_error_event
+from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
+from burstsched.metrics import RouterMetrics
+from burstsched.pool import EndpointPool
+from burstsched.request import ParsedRequest
+
+if TYPE_CHECKING:
+    from burstsched.telemetry import RequestTrace, UpstreamSpan
+
+log = logging.getLogger(__name__)
+
+DONE_EVENT = b"data: [DONE]\n\n"
+_JSON = [(b"content-type", b"application/json")]
+
+DispatchHookFn = Callable[[SchedRequest, EndpointSnapshot], None]
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What happened to one client request, for its metrics."""
+
+    endpoint: str | None = None
+    outcome: str = "upstream_error"
+    complete: bool = False
+    client_gone: bool = False
+    trace: RequestTrace | None = None
+    span: UpstreamSpan | None = None
+    """The current attempt's CLIENT span (tracing on only)."""
+
+
+class _AttemptFailed(Exception):
+    """This endpoint failed before anything reached the client; try the next one."""
+
+    def __init__(self, result: str, message: str) -> None:
+        super().__init__(message)
+        self.result = result
+        self.message = message
+
+
+class Dispatcher:
+    """Sends a scheduled request upstream and writes the response to the client.
+
+    Requests go straight to the app's upstream transport (the one the app's ``httpx.AsyncClient`` also
+    uses) through :class:`Upstream`, skipping the client's cookie jar, redirects and auth: a proxy wants
+    none of them, and they cost more CPU than the rest of the request's path.
+    """
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        pool: EndpointPool,
+        metrics: RouterMetrics,
+        *,
+        on_dispatch: DispatchHookFn,
+        max_attempts: int,
+        timeouts: httpx.Timeout,
+    ) -> None:
+        self._upstream = upstream
+        self._pool = pool
+        self._metrics = metrics
+        self._on_dispatch = on_dispatch
+        self._max_attempts = max_attempts
+        self._timeouts = timeouts.as_dict()
+
+    async def forward(
+        self,
+        parsed: ParsedRequest,
+        request: SchedRequest,
+        decision: Decision,
+        headers: Sequence[tuple[bytes, bytes]],
+        receive: Receive,
+        send: Send,
+        *,
+        trace: RequestTrace | None = None,
+    ) -> None:
+        """Serve the client from the best endpoint that answers; never raises for upstream failures.
+
+        A client disconnect cancels this task (and with it the upstream request) through a watcher task.
+        """
+        exchange = _Exchange(trace=trace)
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+
+        def on_disconnect(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is None and not exchange.complete:
+                exchange.outcome = "cancelled"
+                exchange.client_gone = True
+                task.cancel()
+
+        watcher.add_done_callback(on_disconnect)
+        try:
+            await self._attempts(parsed, request, decision, headers, send, exchange)
+        except asyncio.CancelledError:
+            if not exchange.client_gone or task.uncancel() > 0:
+                raise
+        finally:
+            watcher.remove_done_callback(on_disconnect)
+            watcher.cancel()
+            self._metrics.request_done(exchange.endpoint, exchange.outcome)
+            if trace is not None:
+                trace.served(exchange.endpoint, exchange.outcome)
+
+    async def _attempts(
+        self,
+        parsed: ParsedRequest,
+        request: SchedRequest,
+        decision: Decision,
+        headers: Sequence[tuple[bytes, bytes]],
+        send: Send,
+        exchange: _Exchange,
+    ) -> None:
+        failures: list[str] = []
+        for attempt, scored in enumerate(decision.ranked[: self._max_attempts]):
+            endpoint = scored.endpoint
+            exchange.endpoint = endpoint.name
+            exchange.outcome = "cancelled"
+            self._on_dispatch(request, endpoint)
+            self._pool.acquire(endpoint.name)
+            if exchange.trace is not None:
+                exchange.span = exchange.trace.upstream(
+                    endpoint.name, endpoint.url + parsed.api.path, attempt
+                )
+            try:
+                await self._attempt(endpoint, parsed, headers, send, exchange)
+                return
+            except _AttemptFailed as failed:
+                self._metrics.attempt(endpoint.name, failed.result)
+                failures.append(f"{endpoint.name}: {failed.message}")
+                log.info("request %s: %s failed (%s)", request.request_id, endpoint.name, failed.message)
+                if exchange.span is not None:
+                    exchange.span.failed(failed.result, failed.message)
+            finally:
+                self._pool.release(endpoint.name)
+                if exchange.span is not None:
+                    exchange.span.end()
+                    exchange.span = None
+        exchange.outcome = "upstream_error"
+        message = "no endpoint could serve the request: " + "; ".join(failures)
+        exchange.complete = True
+        await _send_json(send, 502, error_body(502, message))
+
+    async def _attempt(
+        self,
+        endpoint: EndpointSnapshot,
+        parsed: ParsedRequest,
+        headers: Sequence[tuple[bytes, bytes]],
+        send: Send,
+        exchange: _Exchange,
+    ) -> None:
+        name = endpoint.name
+        try:
+            sent = list(headers) if exchange.span is None else exchange.span.inject(headers)
+            upstream = await self._upstream.request(
+                "POST", endpoint.url + parsed.api.path, sent, parsed.body, self._timeouts
+            )
+        except httpx.TimeoutException as exc:
+            self._pool.report_failure(name, unreachable=isinstance(exc, httpx.ConnectTimeout))
+            raise _AttemptFailed("timeout", f"timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            self._pool.report_failure(name, unreachable=isinstance(exc, httpx.ConnectError))
+            raise _AttemptFailed("connect_error", f"{type(exc).__name__}: {exc}") from None
+        try:
+            status = upstream.status
+            if exchange.span is not None:
+                exchange.span.response(status)
+            if status >= 500:
+                self._pool.report_failure(name, unreachable=False)
+                raise _AttemptFailed("status_5xx", f"answered HTTP {status}")
+            if parsed.stream and status < 300:
+                await self._stream(upstream, name, send, exchange)
+                return
+            try:
+                body = b"".join([chunk async for chunk in upstream.iter_body()])
+            except httpx.HTTPError as exc:
+                self._pool.report_failure(name, unreachable=False)
+                raise _AttemptFailed(
+                    "read_error", f"{type(exc).__name__} while reading the response"
+                ) from None
+            self._pool.report_success(name)
+            self._metrics.attempt(name, "ok")
+            if exchange.span is not None:
+                exchange.span.body(body)
+            exchange.outcome = "ok" if status < 400 else "client_error"
+            exchange.complete = True
+            response_headers = client_response_headers(upstream.headers, name, content_length=len(body))
+            await send({"type": "http.response.start", "status": status, "headers": response_headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        finally:
+            await upstream.aclose()
+
+    async def _stream(self, upstream: UpstreamResponse, name: str, send: Send, exchange: _Exchange) -> None:
+        self._pool.report_success(name)
+        self._metrics.attempt(name, "ok")
+        response_headers = client_response_headers(upstream.headers, name, content_length=None)
+        await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
+        exchange.outcome = "stream_error"
+        is_sse = any(
+            k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in upstream.headers
+        )
+        tail = b""
+        failure: str | None = None
+        span = exchange.span
+        try:
+            async for chunk in upstream.iter_body():
+                if span is not None:
+                    span.chunk(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                tail = (tail + chunk)[-32:]
+        except httpx.HTTPError as exc:
+            failure = f"upstream {name} failed mid-stream: {type(exc).__name__}"
+        except Exception as exc:  # any failure after the first byte still ends the stream properly
+            log.exception("stream from %s failed", name)
+            failure = f"stream from {name} failed: {type(exc).__name__}"
+        if failure is None and is_sse and DONE_EVENT.strip() not in tail:
+            failure = f"upstream {name} ended the stream early"
+        if failure is not None:
+            self._pool.report_failure(name, unreachable=False)
+            log.warning("%s", failure)
+            if span is not None:
+                span.failed("stream_error", failure)
+            exchange.complete = True
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": sse_error_event(502, failure) + DONE_EVENT,
+                    "more_body": False,
+                }
+            )
+            return
+        exchange.outcome = "ok"
+        exchange.complete = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _send_json(send: Send, status: int, body: dict[str, object]) -> None:
+    payload = json.dumps(body).encode()
+    headers = [*_JSON, (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})

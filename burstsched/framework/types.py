@@ -1,0 +1,107 @@
+"""The data the scheduler works on: requests, endpoint snapshots, scored endpoints and decisions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ApiKind(StrEnum):
+    """Which OpenAI API a request came in through."""
+
+    CHAT = "chat"
+    COMPLETIONS = "completions"
+
+    @property
+    def path(self) -> str:
+        """The upstream path for this kind."""
+        return "/v1/chat/completions" if self is ApiKind.CHAT else "/v1/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSnapshot:
+    """One replica as the scheduler sees it at one moment.
+
+    ``waiting``, ``running`` and ``kv_usage`` come from the replica's last scrape and may be stale;
+    ``in_flight`` is the router's own count of requests it has sent there and that have not finished
+    (never stale); ``pending`` is load placed there by the current admission window but not dispatched yet.
+    """
+
+    name: str
+    url: str
+    healthy: bool = True
+    stale: bool = False
+    metrics_age: float = math.inf
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    in_flight: int = 0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    pending: int = 0
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        """The replica's KV-cache capacity in tokens, when it reported one."""
+        if self.block_size is None or self.num_gpu_blocks is None:
+            return None
+        return self.block_size * self.num_gpu_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class SchedRequest:
+    """A request (or a group of ``group_size`` requests sharing it) to place on one endpoint.
+
+    ``block_hashes`` is the chained hash of the prompt's full blocks of ``block_tokens`` (pseudo-)tokens each,
+    from block 0; ``prompt_tokens`` is the prompt's size in the same tokens.
+    """
+
+    request_id: str
+    model: str
+    api: ApiKind
+    stream: bool = False
+    block_hashes: tuple[int, ...] = ()
+    block_tokens: int = 64
+    prompt_tokens: int = 0
+    group_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError("group_size must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredEndpoint:
+    """An endpoint with each scorer's clamped score (by scorer name) and the weighted total."""
+
+    endpoint: EndpointSnapshot
+    scores: Mapping[str, float] = field(default_factory=dict)
+    total: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.endpoint.name
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes: ``ranked`` lists the candidates in preference order; the first is the pick.
+
+    Failover and spill take the next entries of ``ranked``.
+    """
+
+    ranked: tuple[ScoredEndpoint, ...]
+
+    def __post_init__(self) -> None:
+        if not self.ranked:
+            raise ValueError("a decision needs at least one endpoint")
+
+    @property
+    def endpoint(self) -> EndpointSnapshot:
+        return self.ranked[0].endpoint
+
+    @property
+    def chosen(self) -> ScoredEndpoint:
+        return self.ranked[0]

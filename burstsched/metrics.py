@@ -1,0 +1,284 @@
+"""The router's own Prometheus metrics (all named ``burstsched_*``), in a registry owned by the app.
+
+Outcomes of ``burstsched_requests_total``: ``ok`` (2xx), ``client_error`` (the replica's 4xx passed through),
+``upstream_error`` (every attempt failed: 502), ``stream_error`` (failed after the first byte: error event),
+``cancelled`` (the client went away), ``rejected`` (refused by the router: 400, 404, 413), ``unavailable``
+(no healthy endpoint: 503).
+
+Latencies are measured on the response the client gets (:meth:`RouterMetrics.timed` wraps the ASGI ``send``):
+the end-to-end histogram from the request's arrival to its last byte, time to first token from the arrival to
+the first body bytes of a streaming (SSE) 200 response. Both are labelled by the endpoint that served the
+response (its ``x-burstsched-endpoint`` header) and skip responses the router answered itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import Message, Send
+
+from burstsched.framework import Decision, EndpointSnapshot, Plugin, PrefixMatch, Scorer
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+NO_ENDPOINT = "none"
+ENDPOINT_HEADER = b"x-burstsched-endpoint"
+
+Clock = Callable[[], float]
+
+_SCHEDULING_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_PLUGIN_BUCKETS = (
+    0.000001,
+    0.000005,
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.005,
+    0.025,
+)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0)
+_GROUP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+@runtime_checkable
+class SizedIndex(Protocol):
+    """A prefix index that can say how many blocks it holds for an endpoint."""
+
+    def size(self, endpoint: str) -> int: ...
+
+
+class _EndpointCollector(Collector):
+    """Endpoint health, staleness, metrics age and in-flight counts, read from the pool at scrape time."""
+
+    def __init__(self, snapshots: Callable[[], Sequence[EndpointSnapshot]]) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterable[Metric]:
+        healthy = GaugeMetricFamily(
+            "burstsched_endpoint_healthy",
+            "1 when the endpoint passed its last health check.",
+            labels=["endpoint"],
+        )
+        stale = GaugeMetricFamily(
+            "burstsched_endpoint_stale",
+            "1 when the endpoint's metrics are older than the threshold.",
+            labels=["endpoint"],
+        )
+        in_flight = GaugeMetricFamily(
+            "burstsched_endpoint_in_flight",
+            "Requests the router has in flight to the endpoint.",
+            labels=["endpoint"],
+        )
+        age = GaugeMetricFamily(
+            "burstsched_endpoint_metrics_age_seconds",
+            "Seconds since the endpoint's last successful metrics scrape (absent before the first).",
+            labels=["endpoint"],
+        )
+        for snap in self._snapshots():
+            healthy.add_metric([snap.name], 1.0 if snap.healthy else 0.0)
+            stale.add_metric([snap.name], 1.0 if snap.stale else 0.0)
+            in_flight.add_metric([snap.name], float(snap.in_flight))
+            if snap.metrics_age != float("inf"):
+                age.add_metric([snap.name], snap.metrics_age)
+        return [healthy, stale, in_flight, age]
+
+
+class _IndexCollector(Collector):
+    """Blocks held per endpoint by each prefix index, read at scrape time."""
+
+    def __init__(
+        self, indexes: Sequence[tuple[str, SizedIndex]], endpoint_names: Callable[[], Iterable[str]]
+    ) -> None:
+        self._indexes = indexes
+        self._endpoint_names = endpoint_names
+
+    def collect(self) -> Iterable[Metric]:
+        blocks = GaugeMetricFamily(
+            "burstsched_prefix_index_blocks",
+            "Prefix blocks a plugin's index records for the endpoint (bounded by its KV capacity).",
+            labels=["plugin", "endpoint"],
+        )
+        names = list(self._endpoint_names())
+        for plugin, index in self._indexes:
+            for name in names:
+                blocks.add_metric([plugin, name], float(index.size(name)))
+        return [blocks]
+
+
+class _TimedSend:
+    """Wraps one request's ASGI ``send``: observes time to first token and end-to-end latency."""
+
+    __slots__ = ("_send", "_metrics", "_started", "_endpoint", "_streaming", "_first")
+
+    def __init__(self, send: Send, metrics: RouterMetrics) -> None:
+        self._send = send
+        self._metrics = metrics
+        self._started = metrics.clock()
+        self._endpoint: str | None = None
+        self._streaming = False
+        self._first = True
+
+    async def __call__(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self._response_start(message)
+        elif kind == "http.response.body" and self._endpoint is not None:
+            if self._first and message.get("body"):
+                self._first = False
+                if self._streaming:
+                    self._metrics.ttft.labels(self._endpoint).observe(self._metrics.clock() - self._started)
+            if not message.get("more_body", False):
+                self._metrics.e2e.labels(self._endpoint).observe(self._metrics.clock() - self._started)
+                self._endpoint = None
+        await self._send(message)
+
+    def _response_start(self, message: Message) -> None:
+        content_type = b""
+        for name, value in message.get("headers", ()):
+            if name == ENDPOINT_HEADER:
+                self._endpoint = value.decode("latin-1")
+            elif name == b"content-type":
+                content_type = value
+        self._streaming = message["status"] == 200 and content_type.startswith(b"text/event-stream")
+
+
+class RouterMetrics:
+    """The router's counters and histograms, and the registry that renders them.
+
+    ``clock`` (seconds) times the client-facing latencies of :meth:`timed`.
+    """
+
+    def __init__(self, *, clock: Clock = time.perf_counter) -> None:
+        self.clock = clock
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "burstsched_requests",
+            "Client requests by the endpoint that served them last (or none) and outcome.",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.upstream_attempts = Counter(
+            "burstsched_upstream_attempts",
+            "Upstream attempts by endpoint and result (ok, connect_error, timeout, status_5xx, read_error).",
+            ["endpoint", "result"],
+            registry=self.registry,
+        )
+        self.scheduling_duration = Histogram(
+            "burstsched_scheduling_duration_seconds",
+            "Time spent choosing an endpoint for one request.",
+            buckets=_SCHEDULING_BUCKETS,
+            registry=self.registry,
+        )
+        self.plugin_duration = Histogram(
+            "burstsched_plugin_duration_seconds",
+            "Time of one plugin call, by extension point (producer, filter, scorer, picker) and plugin name.",
+            ["extension_point", "plugin"],
+            buckets=_PLUGIN_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "burstsched_time_to_first_token_seconds",
+            "Streaming requests: arrival at the router to the first body bytes sent to the client.",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "burstsched_e2e_request_latency_seconds",
+            "Requests served by an endpoint: arrival at the router to the last byte sent to the client.",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.admission_wait = Histogram(
+            "burstsched_admission_wait_seconds",
+            "Time from admission to the scheduling decision (window wait and placement), by group role "
+            "(leader, member, spill, bypass).",
+            ["role"],
+            buckets=_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.group_size = Histogram(
+            "burstsched_admission_group_size",
+            "Requests per prefix group placed by an admission window, observed once per group.",
+            buckets=_GROUP_BUCKETS,
+            registry=self.registry,
+        )
+        self.estimated_hit_ratio = Histogram(
+            "burstsched_prefix_estimated_hit_ratio",
+            "Per scheduled request: share of its prefix blocks the chosen endpoint held by the prefix "
+            "producer's match at scheduling time.",
+            buckets=_RATIO_BUCKETS,
+            registry=self.registry,
+        )
+        self._prefix_scorers: tuple[str, ...] = ()
+        self._plugin_children: dict[tuple[str, str], Histogram] = {}
+
+    def watch_endpoints(self, snapshots: Callable[[], Sequence[EndpointSnapshot]]) -> None:
+        """Export the pool's per-endpoint gauges, read at each scrape."""
+        self.registry.register(_EndpointCollector(snapshots))
+
+    def watch_plugins(self, plugins: Iterable[Plugin], endpoint_names: Callable[[], Iterable[str]]) -> None:
+        """Export the size of every plugin's prefix index (an ``index`` with ``size(endpoint)``) and take
+        the estimated hit ratio from the scorers that read the producers' :class:`PrefixMatch`."""
+        plugins = list(plugins)
+        indexes: list[tuple[str, SizedIndex]] = []
+        for plugin in plugins:
+            index = getattr(plugin, "index", None)
+            if isinstance(index, SizedIndex):
+                indexes.append((plugin.name, index))
+        if indexes:
+            self.registry.register(_IndexCollector(indexes, endpoint_names))
+        self._prefix_scorers = tuple(
+            p.name for p in plugins if isinstance(p, Scorer) and PrefixMatch in getattr(p, "consumes", ())
+        )
+
+    def timed(self, send: Send) -> Send:
+        """``send`` for one request, observing its latencies; call it when the request arrives."""
+        return _TimedSend(send, self)
+
+    def request_done(self, endpoint: str | None, outcome: str) -> None:
+        self.requests.labels(endpoint or NO_ENDPOINT, outcome).inc()
+
+    def attempt(self, endpoint: str, result: str) -> None:
+        self.upstream_attempts.labels(endpoint, result).inc()
+
+    def observe_plugin(self, extension_point: str, plugin: str, seconds: float) -> None:
+        """The scheduler's plugin observer: one plugin call took ``seconds``."""
+        key = (extension_point, plugin)
+        child = self._plugin_children.get(key)
+        if child is None:
+            child = self._plugin_children[key] = self.plugin_duration.labels(extension_point, plugin)
+        child.observe(seconds)
+
+    def observe_decision(self, decision: Decision) -> None:
+        """A request's decision: its chosen endpoint's prefix score is the estimated hit ratio.
+
+        The prefix scorer's score is the producer's ``matched_blocks / total_blocks`` for the chain the
+        decision was made on (for a group placed by a window, the group's shared prefix).
+        """
+        scores = decision.ranked[0].scores
+        for name in self._prefix_scorers:
+            ratio = scores.get(name)
+            if ratio is not None:
+                self.estimated_hit_ratio.observe(ratio)
+                return
+
+    def observe_admission(self, role: str, waited_s: float, group_size: int) -> None:
+        """One admitted request; a group's leader also counts its group's size."""
+        self.admission_wait.labels(role).observe(waited_s)
+        if role == "leader":
+            self.group_size.observe(group_size)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,15 @@
+"""The endpoint pool: scraping, health and in-flight counts of the replicas."""
+
+from burstsched.pool.pool import FAILURES_BEFORE_UNHEALTHY, EndpointPool, Fetch, UnknownEndpointError
+from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMetrics, parse_vllm_metrics
+
+__all__ = [
+    "FAILURES_BEFORE_UNHEALTHY",
+    "EndpointPool",
+    "Fetch",
+    "MetricsFormatError",
+    "MetricsParser",
+    "ReplicaMetrics",
+    "UnknownEndpointError",
+    "parse_vllm_metrics",
+]

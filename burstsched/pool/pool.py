@@ -1,0 +1,261 @@
+"""The endpoint pool: each replica's scraped load, health, served models and the router's in-flight count.
+
+Scrapes ``/metrics`` every ``scrape_interval_ms`` and checks ``/health`` (and ``/v1/models``) every
+``health_check_interval_ms``, one task per endpoint and kind, so a slow replica delays nobody else. A failing
+``/metrics`` only makes that endpoint stale; a refused connection (scrape, check or dispatch) marks it
+unhealthy until its next successful health check.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from burstsched.config import EndpointConfig, PoolConfig
+from burstsched.framework import EndpointSnapshot
+from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMetrics
+
+log = logging.getLogger(__name__)
+
+Fetch = Callable[[str, float], Awaitable[tuple[int, bytes]]]
+"""``fetch(url, timeout_s) -> (status, body)``: a GET for scrapes; raises httpx's transport errors."""
+
+FAILURES_BEFORE_UNHEALTHY = 3
+"""Consecutive failed dispatches (timeouts, 5xx) that mark an endpoint unhealthy until its next check."""
+
+
+@dataclass(slots=True)
+class _EndpointState:
+    name: str
+    url: str
+    healthy: bool = False
+    metrics: ReplicaMetrics = field(default_factory=ReplicaMetrics)
+    last_scrape: float = -math.inf
+    in_flight: int = 0
+    failures: int = 0
+    model_cards: tuple[dict[str, Any], ...] | None = None
+    card_ids: frozenset[str] | None = None
+    parser: MetricsParser = field(default_factory=MetricsParser)
+
+
+class UnknownEndpointError(KeyError):
+    """No endpoint of that name in the pool."""
+
+
+class EndpointPool:
+    """The replicas behind the router, as :class:`EndpointSnapshot` on demand."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[EndpointConfig],
+        client: httpx.AsyncClient,
+        config: PoolConfig,
+        *,
+        clock: Callable[[], float],
+        models: Sequence[str] = (),
+        fetch: Fetch | None = None,
+    ) -> None:
+        self._states = {e.endpoint_name: _EndpointState(e.endpoint_name, e.url) for e in endpoints}
+        self._client = client
+        self._fetch = fetch if fetch is not None else self._client_fetch
+        self._config = config
+        self._clock = clock
+        self._configured_models = tuple(models)
+        self._staleness = config.staleness_threshold_ms / 1000.0
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._states)
+
+    def _state(self, name: str) -> _EndpointState:
+        try:
+            return self._states[name]
+        except KeyError:
+            raise UnknownEndpointError(name) from None
+
+    def _snapshot(self, state: _EndpointState, now: float) -> EndpointSnapshot:
+        metrics = state.metrics
+        age = now - state.last_scrape
+        return EndpointSnapshot(
+            name=state.name,
+            url=state.url,
+            healthy=state.healthy,
+            stale=age > self._staleness,
+            metrics_age=age,
+            waiting=metrics.waiting,
+            running=metrics.running,
+            kv_usage=metrics.kv_usage,
+            in_flight=state.in_flight,
+            block_size=metrics.block_size,
+            num_gpu_blocks=metrics.num_gpu_blocks,
+        )
+
+    def snapshot(self, name: str) -> EndpointSnapshot:
+        return self._snapshot(self._state(name), self._clock())
+
+    def snapshots(self, model: str | None = None) -> list[EndpointSnapshot]:
+        """Every endpoint (or those serving ``model``), healthy or not."""
+        now = self._clock()
+        return [
+            self._snapshot(state, now)
+            for state in self._states.values()
+            if model is None or self._serves(state, model)
+        ]
+
+    def healthy_count(self) -> int:
+        return sum(1 for state in self._states.values() if state.healthy)
+
+    # --- models -----------------------------------------------------------------------------------------
+
+    def _model_ids(self, state: _EndpointState) -> frozenset[str] | None:
+        if state.card_ids is not None:
+            return state.card_ids
+        return state.metrics.model_names or None
+
+    def _serves(self, state: _EndpointState, model: str) -> bool:
+        if self._configured_models:
+            return True
+        ids = self._model_ids(state)
+        return ids is None or model in ids
+
+    def model_ids(self) -> list[str]:
+        """The configured models, or every model a healthy replica reports, sorted."""
+        if self._configured_models:
+            return list(self._configured_models)
+        ids: set[str] = set()
+        for state in self._states.values():
+            if state.healthy:
+                ids |= self._model_ids(state) or frozenset()
+        return sorted(ids)
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """``/v1/models`` entries: the replicas' own cards (first seen per id), or minimal ones."""
+        cards: dict[str, dict[str, Any]] = {}
+        for state in self._states.values():
+            if state.healthy and state.model_cards:
+                for card in state.model_cards:
+                    cards.setdefault(str(card.get("id")), card)
+        return [
+            cards.get(model_id, {"id": model_id, "object": "model", "owned_by": "burstsched"})
+            for model_id in self.model_ids()
+        ]
+
+    def knows_model(self, model: str) -> bool:
+        """Whether ``model`` is configured, or some endpoint serves it or has not said what it serves."""
+        if self._configured_models:
+            return model in self._configured_models
+        return any(state.healthy and self._serves(state, model) for state in self._states.values())
+
+    # --- in-flight accounting and passive health ----------------------------------------------------------
+
+    def acquire(self, name: str) -> None:
+        """Count a request the router is sending to ``name``."""
+        self._state(name).in_flight += 1
+
+    def release(self, name: str) -> None:
+        state = self._state(name)
+        state.in_flight = max(0, state.in_flight - 1)
+
+    def report_success(self, name: str) -> None:
+        self._state(name).failures = 0
+
+    def report_failure(self, name: str, *, unreachable: bool) -> None:
+        """A dispatch failed; an unreachable endpoint (or one failing repeatedly) turns unhealthy."""
+        state = self._state(name)
+        state.failures += 1
+        if unreachable or state.failures >= FAILURES_BEFORE_UNHEALTHY:
+            if state.healthy:
+                log.warning("endpoint %s marked unhealthy after a failed dispatch", name)
+            state.healthy = False
+
+    # --- background work ------------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """One health check and one scrape of every endpoint, concurrently."""
+        async with anyio.create_task_group() as tg:
+            for state in self._states.values():
+                tg.start_soon(self._check_then_scrape, state)
+
+    async def _check_then_scrape(self, state: _EndpointState) -> None:
+        await self.check_health(state.name)
+        await self.scrape(state.name)
+
+    async def run(self) -> None:
+        """Scrape and check every endpoint forever (until cancelled)."""
+        async with anyio.create_task_group() as tg:
+            for state in self._states.values():
+                tg.start_soon(self._every, self._config.scrape_interval_ms, self.scrape, state.name)
+                tg.start_soon(
+                    self._every, self._config.health_check_interval_ms, self.check_health, state.name
+                )
+
+    @staticmethod
+    async def _every(interval_ms: float, action: Callable[[str], Any], name: str) -> None:
+        interval = interval_ms / 1000.0
+        deadline = anyio.current_time()
+        while True:
+            deadline += interval
+            now = anyio.current_time()
+            if deadline < now:  # fell behind: skip the missed beats
+                deadline = now + interval
+            await anyio.sleep_until(deadline)
+            await action(name)
+
+    async def scrape(self, name: str) -> None:
+        """Read ``name``'s ``/metrics``; on success its figures are fresh again."""
+        state = self._state(name)
+        try:
+            status, body = await self._fetch(f"{state.url}/metrics", self._config.scrape_timeout_ms / 1000.0)
+            if status != 200:
+                raise MetricsFormatError(f"/metrics answered HTTP {status}")
+            metrics = state.parser.parse(body.decode("utf-8", errors="replace"))
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            state.healthy = False
+            return
+        except (httpx.HTTPError, MetricsFormatError) as exc:
+            log.debug("scrape of %s failed: %s", name, exc)
+            return
+        state.metrics = metrics
+        state.last_scrape = self._clock()
+
+    async def _client_fetch(self, url: str, timeout_s: float) -> tuple[int, bytes]:
+        response = await self._client.get(url, timeout=timeout_s)
+        return response.status_code, response.content
+
+    async def check_health(self, name: str) -> None:
+        """``GET /health`` (and ``/v1/models`` when healthy) for ``name``."""
+        state = self._state(name)
+        timeout = self._config.health_check_timeout_ms / 1000.0
+        try:
+            response = await self._client.get(f"{state.url}/health", timeout=timeout)
+            healthy = response.status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        if healthy and not state.healthy:
+            log.info("endpoint %s is healthy", name)
+        elif state.healthy and not healthy:
+            log.warning("endpoint %s failed its health check", name)
+        state.healthy = healthy
+        if healthy:
+            state.failures = 0
+            cards = await self._fetch_models(state.url, timeout_s=timeout)
+            if cards is not None and cards != state.model_cards:
+                state.model_cards = cards
+                state.card_ids = frozenset(str(card.get("id")) for card in cards)
+
+    async def _fetch_models(self, url: str, *, timeout_s: float) -> tuple[dict[str, Any], ...] | None:
+        try:
+            response = await self._client.get(f"{url}/v1/models", timeout=timeout_s)
+            response.raise_for_status()
+            data = response.json().get("data")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        if not isinstance(data, list):
+            return None
+        return tuple(card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str))

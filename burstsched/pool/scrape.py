@@ -1,0 +1,120 @@
+"""Reading a vLLM replica's ``/metrics`` page into the few figures the scheduler uses.
+
+A page holds hundreds of lines; only the wanted families' sample lines reach the Prometheus parser, and
+the ``vllm:cache_config_info`` line (long, and fixed for the replica's lifetime) is parsed again only when
+it changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+CACHE_CONFIG = "vllm:cache_config_info"
+_LOAD_FAMILIES = (WAITING, RUNNING, KV_USAGE, KV_USAGE_OLD)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaMetrics:
+    """A replica's load and cache geometry; counts summed over its engines, KV usage the highest one."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    model_names: frozenset[str] = frozenset()
+
+
+class MetricsFormatError(ValueError):
+    """The page is not Prometheus text, or lacks the queue gauges."""
+
+
+def _sample_lines(text: str, name: str) -> list[str]:
+    """The sample lines of metric ``name`` (``name{...} value`` or ``name value``), found without a split."""
+    lines = []
+    start = text.find(name)
+    while start >= 0:
+        line_start = text.rfind("\n", 0, start) + 1
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        follower = text[start + len(name) : start + len(name) + 1]
+        if line_start == start and follower in ("{", " "):
+            lines.append(text[line_start:end])
+        start = text.find(name, end)
+    return lines
+
+
+class MetricsParser:
+    """Parses one replica's successive pages."""
+
+    def __init__(self) -> None:
+        self._cache_lines: list[str] = []
+        self._geometry: tuple[int | None, int | None] = (None, None)
+
+    def parse(self, text: str) -> ReplicaMetrics:
+        load_lines = [line for name in _LOAD_FAMILIES for line in _sample_lines(text, name)]
+        cache_lines = _sample_lines(text, CACHE_CONFIG)
+        parse_cache = cache_lines != self._cache_lines
+        to_parse = load_lines + cache_lines if parse_cache else load_lines
+        waiting = running = 0.0
+        kv_usage: float | None = None
+        kv_usage_old: float | None = None
+        block_size, num_gpu_blocks = (None, None) if parse_cache else self._geometry
+        models: set[str] = set()
+        seen_queue = False
+        try:
+            families = list(text_string_to_metric_families("\n".join(to_parse) + "\n"))
+        except ValueError as exc:
+            raise MetricsFormatError(f"cannot parse metrics: {exc}") from exc
+        for family in families:
+            for sample in family.samples:
+                model = sample.labels.get("model_name")
+                if model:
+                    models.add(model)
+                if sample.name == WAITING:
+                    waiting += sample.value
+                    seen_queue = True
+                elif sample.name == RUNNING:
+                    running += sample.value
+                    seen_queue = True
+                elif sample.name == KV_USAGE:
+                    kv_usage = max(kv_usage or 0.0, sample.value)
+                elif sample.name == KV_USAGE_OLD:
+                    kv_usage_old = max(kv_usage_old or 0.0, sample.value)
+                elif sample.name == CACHE_CONFIG:
+                    block_size = _int_label(sample.labels, "block_size", block_size)
+                    num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks", num_gpu_blocks)
+        if not seen_queue:
+            raise MetricsFormatError(f"metrics lack {WAITING} and {RUNNING}")
+        if parse_cache:
+            self._cache_lines = cache_lines
+            self._geometry = (block_size, num_gpu_blocks)
+        usage = kv_usage if kv_usage is not None else kv_usage_old if kv_usage_old is not None else 0.0
+        return ReplicaMetrics(
+            waiting=int(waiting),
+            running=int(running),
+            kv_usage=min(1.0, max(0.0, usage)),
+            block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            model_names=frozenset(models),
+        )
+
+
+def parse_vllm_metrics(text: str) -> ReplicaMetrics:
+    """Parse one ``/metrics`` page."""
+    return MetricsParser().parse(text)
+
+
+def _int_label(labels: dict[str, str], key: str, current: int | None) -> int | None:
+    try:
+        value = int(labels[key])
+    except (KeyError, ValueError):
+        return current
+    return value if value > 0 else current

@@ -1,0 +1,24 @@
+"""The scheduling engine: runs a profile of plugins for one request or one group."""
+
+from burstsched.scheduling.builder import build_plugins, build_profile, build_scheduler
+from burstsched.scheduling.profile import SchedulerProfile, WeightedScorer
+from burstsched.scheduling.scheduler import (
+    NoEndpointsError,
+    PluginContractError,
+    PluginObserver,
+    Scheduler,
+    clamp_score,
+)
+
+__all__ = [
+    "NoEndpointsError",
+    "PluginContractError",
+    "PluginObserver",
+    "Scheduler",
+    "SchedulerProfile",
+    "WeightedScorer",
+    "build_plugins",
+    "build_profile",
+    "build_scheduler",
+    "clamp_score",
+]

@@ -1,0 +1,161 @@
+"""Loading the configuration, stages two to four: build plugins → validate references → wire the scheduler.
+
+Every problem is reported as a :class:`ConfigError` naming the field's path, e.g.
+``plugins[2].parameters.tie_break: ...`` or ``profile.plugins[1].plugin_ref: unknown plugin 'x'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from burstsched.config import ConfigError, ConfigIssue, PluginSpec, ProfileConfig, RouterConfig
+from burstsched.config.errors import issues_from_validation
+from burstsched.framework import (
+    DispatchHook,
+    Filter,
+    Picker,
+    Plugin,
+    PluginContext,
+    PluginRegistry,
+    Producer,
+    Resettable,
+    Scorer,
+)
+from burstsched.scheduling.profile import SchedulerProfile, WeightedScorer
+from burstsched.scheduling.scheduler import CycleObserver, PluginObserver, Scheduler
+
+P = TypeVar("P")
+
+
+def build_plugins(
+    specs: Sequence[PluginSpec], registry: PluginRegistry, context: PluginContext
+) -> dict[str, Plugin]:
+    """Instantiate every configured plugin, its parameters validated by its type's model."""
+    issues: list[ConfigIssue] = []
+    plugins: dict[str, Plugin] = {}
+    for i, spec in enumerate(specs):
+        factory = registry.get(spec.type)
+        if factory is None:
+            known = ", ".join(registry) or "none"
+            issues.append(
+                ConfigIssue(f"plugins[{i}].type", f"unknown plugin type {spec.type!r} (known: {known})")
+            )
+            continue
+        try:
+            parameters = factory.Parameters.model_validate(spec.parameters)
+        except ValidationError as exc:
+            issues.extend(issues_from_validation(exc, prefix=f"plugins[{i}].parameters"))
+            continue
+        if spec.instance_name in plugins:
+            issues.append(ConfigIssue(f"plugins[{i}].name", f"duplicate plugin name {spec.instance_name!r}"))
+            continue
+        plugin = factory(spec.instance_name, parameters, context)
+        if not isinstance(plugin, Plugin) or plugin.name != spec.instance_name:
+            issues.append(
+                ConfigIssue(f"plugins[{i}].type", f"plugin type {spec.type!r} built no valid plugin")
+            )
+            continue
+        plugins[spec.instance_name] = plugin
+    if issues:
+        raise ConfigError(issues)
+    return plugins
+
+
+def build_profile(profile: ProfileConfig, plugins: dict[str, Plugin]) -> SchedulerProfile:
+    """Check the profile's references and kinds; wire the plugins into a :class:`SchedulerProfile`."""
+    issues: list[ConfigIssue] = []
+    producers: list[Producer] = []
+    filters: list[Filter] = []
+    scorers: list[WeightedScorer] = []
+    used: list[Plugin] = []
+    seen: set[str] = set()
+    for i, ref in enumerate(profile.plugins):
+        path = f"profile.plugins[{i}]"
+        plugin = plugins.get(ref.plugin_ref)
+        if plugin is None:
+            issues.append(ConfigIssue(f"{path}.plugin_ref", _unknown(ref.plugin_ref, plugins)))
+            continue
+        if ref.plugin_ref in seen:
+            issues.append(ConfigIssue(f"{path}.plugin_ref", f"plugin {ref.plugin_ref!r} is listed twice"))
+            continue
+        seen.add(ref.plugin_ref)
+        is_scorer = isinstance(plugin, Scorer)
+        if ref.weight is not None and not is_scorer:
+            issues.append(ConfigIssue(f"{path}.weight", f"plugin {ref.plugin_ref!r} is not a scorer"))
+        roles = 0
+        if isinstance(plugin, Producer):
+            producers.append(plugin)
+            roles += 1
+        if isinstance(plugin, Filter):
+            filters.append(plugin)
+            roles += 1
+        if isinstance(plugin, Scorer):
+            scorers.append(WeightedScorer(plugin, 1.0 if ref.weight is None else ref.weight))
+            roles += 1
+        if roles == 0:
+            hint = " (a picker goes in profile.picker)" if isinstance(plugin, Picker) else ""
+            issues.append(
+                ConfigIssue(
+                    f"{path}.plugin_ref", f"plugin {ref.plugin_ref!r} is no producer, filter or scorer{hint}"
+                )
+            )
+        used.append(plugin)
+
+    picker = plugins.get(profile.picker)
+    if picker is None:
+        issues.append(ConfigIssue("profile.picker", _unknown(profile.picker, plugins)))
+    elif not isinstance(picker, Picker):
+        issues.append(ConfigIssue("profile.picker", f"plugin {profile.picker!r} is not a picker"))
+    else:
+        used.append(picker)
+
+    produced = {kind for p in producers for kind in getattr(p, "produces", ())}
+    for i, ref in enumerate(profile.plugins):
+        plugin = plugins.get(ref.plugin_ref)
+        for kind in getattr(plugin, "consumes", ()):
+            if kind not in produced:
+                issues.append(
+                    ConfigIssue(
+                        f"profile.plugins[{i}].plugin_ref",
+                        f"plugin {ref.plugin_ref!r} needs {kind.__name__}, which no producer in the profile "
+                        "makes",
+                    )
+                )
+    if issues or not isinstance(picker, Picker):
+        raise ConfigError(issues)
+    return SchedulerProfile(
+        producers=tuple(producers),
+        filters=tuple(filters),
+        scorers=tuple(scorers),
+        picker=picker,
+        dispatch_hooks=tuple(_unique(p for p in used if isinstance(p, DispatchHook))),
+        resettables=tuple(_unique(p for p in used if isinstance(p, Resettable))),
+    )
+
+
+def build_scheduler(
+    config: RouterConfig,
+    registry: PluginRegistry,
+    context: PluginContext,
+    *,
+    observer: PluginObserver | None = None,
+    cycle_observer: CycleObserver | None = None,
+) -> Scheduler:
+    """Build the configured plugins and wire them into a :class:`Scheduler`."""
+    plugins = build_plugins(config.plugins, registry, context)
+    return Scheduler(build_profile(config.profile, plugins), observer=observer, cycle_observer=cycle_observer)
+
+
+def _unknown(name: str, plugins: dict[str, Plugin]) -> str:
+    known = ", ".join(sorted(plugins)) or "none"
+    return f"unknown plugin {name!r} (configured: {known})"
+
+
+def _unique(items: Iterable[P]) -> list[P]:
+    out: dict[int, P] = {}
+    for item in items:
+        out.setdefault(id(item), item)
+    return list(out.values())

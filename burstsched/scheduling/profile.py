@@ -1,0 +1,43 @@
+"""A scheduling profile: the plugins one scheduling call runs, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from burstsched.framework import DispatchHook, Filter, Picker, Plugin, Producer, Resettable, Scorer
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    """A scorer and the weight its clamped scores get in the total."""
+
+    scorer: Scorer
+    weight: float
+
+
+@dataclass(frozen=True)
+class SchedulerProfile:
+    """Producers, filters and weighted scorers (each run in order) and the picker."""
+
+    producers: tuple[Producer, ...]
+    filters: tuple[Filter, ...]
+    scorers: tuple[WeightedScorer, ...]
+    picker: Picker
+    dispatch_hooks: tuple[DispatchHook, ...] = ()
+    resettables: tuple[Resettable, ...] = ()
+
+    @property
+    def plugins(self) -> tuple[Plugin, ...]:
+        """Every plugin of the profile once, in order."""
+        seen: dict[int, Plugin] = {}
+        everything: list[Plugin] = [
+            *self.producers,
+            *self.filters,
+            *(w.scorer for w in self.scorers),
+            self.picker,
+            *self.dispatch_hooks,
+            *self.resettables,
+        ]
+        for plugin in everything:
+            seen.setdefault(id(plugin), plugin)
+        return tuple(seen.values())

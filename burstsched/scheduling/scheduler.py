@@ -1,0 +1,116 @@
+"""The scheduling engine: producers → filters → weighted scorers → picker, for one request or one group."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from burstsched.framework import (
+    CycleState,
+    Decision,
+    EndpointSnapshot,
+    SchedRequest,
+    ScoredEndpoint,
+)
+from burstsched.scheduling.profile import SchedulerProfile
+
+PluginObserver = Callable[[str, str, float], None]
+"""Called as ``observer(extension_point, plugin_name, seconds)`` after each plugin call."""
+
+CycleObserver = Callable[[float], None]
+"""Called with the seconds one whole ``schedule`` call took."""
+
+
+class NoEndpointsError(Exception):
+    """``schedule`` was given no endpoints."""
+
+
+class PluginContractError(Exception):
+    """A plugin returned something the contracts forbid (e.g. a picker dropping candidates)."""
+
+
+def clamp_score(value: float) -> float:
+    """A score forced into [0, 1]; NaN counts as 0."""
+    if math.isnan(value):
+        return 0.0
+    return 0.0 if value < 0.0 else 1.0 if value > 1.0 else value
+
+
+class Scheduler:
+    """Runs a :class:`SchedulerProfile`.
+
+    ``schedule`` is synchronous and pure apart from the plugins' own state (the picker's tie-break memory,
+    the prefix index, which changes only through ``on_dispatch``).
+    """
+
+    def __init__(
+        self,
+        profile: SchedulerProfile,
+        *,
+        observer: PluginObserver | None = None,
+        cycle_observer: CycleObserver | None = None,
+    ) -> None:
+        self.profile = profile
+        self._observer = observer
+        self._cycle_observer = cycle_observer
+
+    def schedule(self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot]) -> Decision:
+        """Rank ``endpoints`` for ``request`` (a single request or a group of ``request.group_size``)."""
+        if not endpoints:
+            raise NoEndpointsError("no endpoints to schedule on")
+        cycle_started = time.perf_counter()
+        profile = self.profile
+        observe = self._observer
+        state = CycleState()
+        for producer in profile.producers:
+            started = time.perf_counter() if observe else 0.0
+            producer.produce(request, endpoints, state)
+            if observe:
+                observe("producer", producer.name, time.perf_counter() - started)
+
+        candidates: Sequence[EndpointSnapshot] = endpoints
+        for filter_ in profile.filters:
+            started = time.perf_counter() if observe else 0.0
+            kept = filter_.filter(request, candidates, state)
+            if observe:
+                observe("filter", filter_.name, time.perf_counter() - started)
+            if kept:  # a filter never empties the candidate list: fail open
+                candidates = kept
+
+        names = [e.name for e in candidates]
+        scores: list[dict[str, float]] = [{} for _ in names]
+        totals = [0.0] * len(names)
+        for weighted in profile.scorers:
+            scorer = weighted.scorer
+            started = time.perf_counter() if observe else 0.0
+            raw = scorer.score(request, candidates, state)
+            if observe:
+                observe("scorer", scorer.name, time.perf_counter() - started)
+            weight = weighted.weight
+            for i, name in enumerate(names):
+                value = clamp_score(raw.get(name, 0.0))
+                scores[i][scorer.name] = value
+                totals[i] += weight * value
+        scored = [ScoredEndpoint(e, scores[i], totals[i]) for i, e in enumerate(candidates)]
+
+        picker = profile.picker
+        started = time.perf_counter() if observe else 0.0
+        ranked = tuple(picker.pick(request, scored))
+        if observe:
+            observe("picker", picker.name, time.perf_counter() - started)
+        if len(ranked) != len(scored) or {s.name for s in ranked} != {s.name for s in scored}:
+            raise PluginContractError(f"picker {picker.name!r} must return every candidate exactly once")
+        if self._cycle_observer is not None:
+            self._cycle_observer(time.perf_counter() - cycle_started)
+        return Decision(ranked)
+
+    def on_dispatch(self, request: SchedRequest, endpoint: EndpointSnapshot) -> None:
+        """Tell the dispatch hooks that ``request`` (or its whole group) went to ``endpoint``."""
+        for hook in self.profile.dispatch_hooks:
+            hook.on_dispatch(request, endpoint)
+
+    def reset(self) -> None:
+        """Drop every plugin's learned state (e.g. the prefix index)."""
+        for plugin in self.profile.resettables:
+            plugin.reset()

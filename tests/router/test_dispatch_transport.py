@@ -1,0 +1,78 @@
+"""The dispatcher through the app's one upstream seam: an injected httpx transport replaces the network."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import anyio
+import httpx
+import pytest
+
+from burstsched.serve import running_router
+
+from .helpers import router_config
+
+METRICS = (
+    '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="m"}} {waiting}\n'
+    '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m"}} 0\n'
+)
+
+
+class Upstream:
+    """Two replicas, r1 and r2 (r2 reports a queue, so r1 ranks first); completions fail on r1."""
+
+    def __init__(self, r1_failure: str) -> None:
+        self.r1_failure = r1_failure
+        self.completions: list[str] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200)
+        if path == "/metrics":
+            return httpx.Response(200, text=METRICS.format(waiting=5 if host == "r2" else 0))
+        if path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+        self.completions.append(host)
+        if host == "r1":
+            if self.r1_failure == "connect":
+                raise httpx.ConnectError("connection refused", request=request)
+            if self.r1_failure == "timeout":
+                raise httpx.ReadTimeout("read timed out", request=request)
+        assert json.loads(request.content)["prompt"] == "hi"
+        return httpx.Response(200, json={"choices": [{"text": "ok"}], "host": host})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("failure", ["connect", "timeout"])
+async def test_transport_errors_fail_over_to_the_next_best(failure: str) -> None:
+    upstream = Upstream(failure)
+    config = router_config([("r1", "http://r1:8000"), ("r2", "http://r2:8000")])
+    async with (
+        running_router(config, transport=httpx.MockTransport(upstream), rng=random.Random(0)) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=10) as client,
+    ):
+        with anyio.fail_after(10):
+            response = await client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+        assert response.status_code == 200
+        assert response.headers["x-burstsched-endpoint"] == "r2"
+        assert upstream.completions == ["r1", "r2"]
+        metrics = (await client.get("/metrics")).text
+        result = "connect_error" if failure == "connect" else "timeout"
+        assert f'burstsched_upstream_attempts_total{{endpoint="r1",result="{result}"}} 1.0' in metrics
+
+
+@pytest.mark.anyio
+async def test_attempts_are_bounded() -> None:
+    upstream = Upstream("connect")
+    config = router_config([("r1", "http://r1:8000")])
+    async with (
+        running_router(config, transport=httpx.MockTransport(upstream)) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=10) as client,
+    ):
+        response = await client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+        assert response.status_code == 502
+        assert "r1: ConnectError" in response.json()["error"]["message"]
+        assert upstream.completions == ["r1"]
