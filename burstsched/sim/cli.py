@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="vLLM's JSON form: enable_kv_cache_events, endpoint, topic, replay_endpoint",
     )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_prompt_tokens_details,
+        help="usage carries prompt_tokens_details.cached_tokens (default on, as burstsched runs vLLM)",
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--default-output-tokens", type=int, default=d.default_output_tokens)
     parser.add_argument("--step-overhead-ms", type=float, default=_COST.step_overhead_s * 1e3)
@@ -107,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_events_encoding=args.kv_events_encoding,
         seed=args.seed,
         default_output_tokens=args.default_output_tokens,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         cost=cost,
     )
 

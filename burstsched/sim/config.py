@@ -23,6 +23,9 @@ class SimConfig:
     ``max_waiting_requests`` 0 means no limit (vLLM has none); past the limit requests get 429.
     ``default_output_tokens``: how many tokens a request without ``max_tokens`` generates before it
     stops (``finish_reason`` "stop"), standing in for a model's end-of-sequence token.
+    ``enable_prompt_tokens_details``: vLLM's ``--enable-prompt-tokens-details`` (usage carries
+    ``prompt_tokens_details.cached_tokens``). On by default, unlike vLLM's flag: it is the real-vLLM
+    launcher's default, as burstsched's tests and workloads run vLLM with ``--enable-prompt-tokens-details``.
     """
 
     name: str | None = None
@@ -44,6 +47,7 @@ class SimConfig:
     kv_events_encoding: KVEventEncoding = "map"
     seed: int = 0
     default_output_tokens: int = 64
+    enable_prompt_tokens_details: bool = True
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:

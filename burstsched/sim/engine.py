@@ -16,8 +16,11 @@ Each step (as ``vllm/v1/core/sched/scheduler.py`` does it):
    request whose tokens are all computed gets one new token; a request that reached its
    ``max_tokens`` finishes and frees its blocks (tail first). KV events of the step are published.
 
-Aborts, prefix-cache resets and new requests take effect between steps. The engine is single-task:
-all state changes happen on the event loop that runs :meth:`Engine.run`.
+Aborts, prefix-cache resets and new requests take effect between steps. Like vLLM's engine core, an
+idle engine (no request waiting or running) runs no steps, so what a reset queues (``AllBlocksCleared``)
+is published with the next step that runs: at once on a busy engine, with the next request's first step
+on an idle one. The engine is single-task: all state changes happen on the event loop that runs
+:meth:`Engine.run`.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class EngineRequest:
     num_cached_blocks: int = 0
     block_hashes: list[int] = field(default_factory=list)
     num_cached_tokens: int = -1
+    num_cache_creation_tokens: int = 0
     num_preemptions: int = 0
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
@@ -265,7 +269,8 @@ class Engine:
     async def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
         """Clear the prefix cache between steps; False while running requests hold blocks.
 
-        With ``reset_running_requests`` the running requests are preempted first (as vLLM does).
+        With ``reset_running_requests`` the running requests are preempted first (as vLLM does). A
+        successful reset queues one ``AllBlocksCleared``, published with the next engine step.
         """
         if self._closed:
             return False
@@ -282,7 +287,7 @@ class Engine:
                 self._between_steps()
                 plan = self._schedule() if (self._running or self._waiting) else StepPlan()
                 if not plan.scheduled:
-                    self._publish()
+                    # No step: queued events (a reset's AllBlocksCleared) wait for the next one, as in vLLM.
                     self._busy_until = None
                     self._wakeup.clear()
                     await self._wakeup.wait()
@@ -438,6 +443,7 @@ class Engine:
             previous = req.last_token_time
             if first:
                 req.first_token_time = now
+                req.num_cache_creation_tokens = self._cache_creation_tokens(req)
                 self._stats.first_token(req)
             req.last_token_time = now
             self._stats.token(req, None if previous is None else now - previous)
@@ -447,6 +453,12 @@ class Engine:
             else:
                 req.events.put_nowait(TokenEvent(token_id, text))
         self._stats.step(tokens)
+
+    def _cache_creation_tokens(self, req: EngineRequest) -> int:
+        """vLLM's ``num_cache_creation_tokens`` at the first token: prompt tokens in the request's cached
+        full blocks, less its hits."""
+        cached = min(req.num_cached_blocks * self.limits.block_size, req.num_prompt_tokens)
+        return max(0, cached - max(0, req.num_cached_tokens))
 
     def _end(self, req: EngineRequest, reason: FinishReason, *, notify: bool) -> None:
         if req.status is Status.RUNNING:

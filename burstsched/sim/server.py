@@ -1,21 +1,22 @@
 """The HTTP face of one simulated replica: a Starlette app with vLLM's OpenAI-compatible endpoints.
 
 Endpoints: ``/v1/chat/completions``, ``/v1/completions`` (SSE streaming or not), ``/v1/models``,
-``/health``, ``/metrics``, ``/tokenize``, ``POST /reset_prefix_cache`` (409 while running requests hold
-blocks, unless ``?reset_running_requests=true``), ``/version``, and ``/sim/faults`` (GET, POST).
-Every error is an OpenAI error body; bad input is a 4xx, never a 500. A client that disconnects
-aborts its request, which frees its blocks and leaves the running set.
+``/health``, ``/metrics``, ``/tokenize``, ``POST /reset_prefix_cache`` (200 ``{"success": bool}``, false
+while running requests hold blocks, unless ``?reset_running_requests=true``), ``/version``, and
+``/sim/faults`` (GET, POST). Errors are vLLM's error bodies (:mod:`burstsched.sim.errors`); bad input is a
+4xx, never a 500. A client that disconnects aborts its request, which frees its blocks and leaves the
+running set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import anyio
 import xxhash
@@ -27,18 +28,21 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from burstsched.errors import error_response, sse_error_event
 from burstsched.sim.chat_template import ChatTemplate, TemplateError
 from burstsched.sim.clock import Clock
 from burstsched.sim.config import VLLM_VERSION, SimConfig
 from burstsched.sim.engine import Engine, EngineClosedError, EngineRequest, QueueFullError, Status, TokenEvent
+from burstsched.sim.errors import VALIDATION_ERROR, detail_response, error_response, sse_error_event
 from burstsched.sim.faults import Faults, FaultSpecError, FaultState
 from burstsched.sim.metrics import SimMetrics
 from burstsched.sim.openai_shapes import (
     SSE_DONE,
     Json,
+    Kind,
     RequestError,
     Sampling,
+    UsageCounts,
+    UsagePlace,
     chat_chunk,
     chat_response,
     check_length,
@@ -58,7 +62,9 @@ from burstsched.sim.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-Kind = Literal["chat", "completion"]
+# Query flags parse as pydantic parses a bool (vLLM declares them `bool = Query(default=False)`).
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
 @dataclass
@@ -137,12 +143,37 @@ def build_app(state: SimState) -> Starlette:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code in (404, 405):  # unknown path, wrong method: FastAPI's {"detail": ...}, as vLLM
+        return detail_response(exc.status_code, headers=headers)
+    return error_response(exc.status_code, str(exc.detail), headers=headers)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.exception("simulator error on %s", request.url.path, exc_info=exc)
     return error_response(500, f"internal simulator error: {type(exc).__name__}")
+
+
+def _request_error(exc: RequestError, headers: dict[str, str] | None = None) -> Response:
+    return error_response(
+        exc.status, exc.message, param=exc.param, error_type=exc.error_type, headers=headers
+    )
+
+
+def _query_flag(request: Request, name: str) -> bool:
+    """A boolean query parameter as vLLM's FastAPI parses it (default false); 400 "Bad Request" otherwise."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return False
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    message = (
+        f"1 validation error:\n  {{'type': 'bool_parsing', 'loc': 'query.{name}', "
+        f"'msg': 'Input should be a valid boolean, unable to interpret input', 'input': {raw!r}}}"
+    )
+    raise RequestError(400, message, f"query.{name}", VALIDATION_ERROR)
 
 
 async def _read_body(request: Request) -> bytes:
@@ -196,7 +227,7 @@ class _Handlers:
         try:
             prepared = self._prepare(kind, await _json_body(request))
         except RequestError as exc:
-            return error_response(exc.status, exc.message, param=exc.param, headers=headers)
+            return _request_error(exc, headers)
         except TemplateError as exc:
             return error_response(400, str(exc), headers=headers)
         except ClientDisconnect:
@@ -243,7 +274,9 @@ class _Handlers:
             sampling, salt = comp.sampling, comp.cache_salt
         if not ids:
             raise RequestError(400, "the prompt is empty after tokenization", "prompt")
-        check_length(len(ids), sampling.max_tokens, max_len)
+        max_tokens = check_length(len(ids), sampling.max_tokens, max_len)
+        if max_tokens != sampling.max_tokens:
+            sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
         return _Prepared(kind, ids, sampling, salt)
 
     def _engine_request(self, p: _Prepared, arrival: float) -> EngineRequest:
@@ -270,8 +303,16 @@ class _Handlers:
             arrival_time=arrival,
         )
 
-    def _usage(self, req: EngineRequest) -> Json:
-        return usage(req.num_prompt_tokens, len(req.output_token_ids), max(0, req.num_cached_tokens))
+    def _usage(
+        self, req: EngineRequest, kind: Kind, place: UsagePlace, *, completion_tokens: int | None = None
+    ) -> Json:
+        counts = UsageCounts(
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=len(req.output_token_ids) if completion_tokens is None else completion_tokens,
+            cached_tokens=max(0, req.num_cached_tokens),
+            created_cache_tokens=req.num_cache_creation_tokens,
+        )
+        return usage(kind, counts, place, prompt_tokens_details=self.s.config.enable_prompt_tokens_details)
 
     async def _stream(self, req: EngineRequest, p: _Prepared, rid: str) -> AsyncIterator[bytes]:
         created = int(time.time())
@@ -288,7 +329,7 @@ class _Handlers:
                 if first and p.kind == "chat":
                     role = chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None)
                     if continuous:
-                        role["usage"] = usage(req.num_prompt_tokens, 0, max(0, req.num_cached_tokens))
+                        role["usage"] = self._usage(req, p.kind, "continuous", completion_tokens=0)
                     yield sse(role)
                 first = False
                 if p.kind == "chat":
@@ -296,12 +337,12 @@ class _Handlers:
                 else:
                     chunk = completion_chunk(rid, created, model, event.text, event.finish_reason)
                 if continuous:
-                    chunk["usage"] = self._usage(req)
+                    chunk["usage"] = self._usage(req, p.kind, "continuous")
                 yield sse(chunk)
                 if event.finish_reason is not None:
                     break
             if p.sampling.include_usage:
-                yield sse(usage_chunk(rid, created, model, obj, self._usage(req)))
+                yield sse(usage_chunk(rid, created, model, obj, self._usage(req, p.kind, "final_chunk")))
             yield SSE_DONE
         finally:
             if req.status is not Status.FINISHED:
@@ -342,7 +383,8 @@ class _Handlers:
         model = self.s.config.served_model_name
         reason = last.finish_reason or "stop"
         build = chat_response if p.kind == "chat" else completion_response
-        return JSONResponse(build(rid, created, model, text, reason, self._usage(req)), headers=headers)
+        body = build(rid, created, model, text, reason, self._usage(req, p.kind, "response"))
+        return JSONResponse(body, headers=headers)
 
     # -- the rest ------------------------------------------------------------------------------------
     async def tokenize(self, request: Request) -> Response:
@@ -413,15 +455,16 @@ class _Handlers:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def reset_prefix_cache(self, request: Request) -> Response:
-        flag = request.query_params.get("reset_running_requests", "false").lower()
-        if flag not in ("true", "false", "1", "0"):
-            return error_response(
-                400, "reset_running_requests must be true or false", param="reset_running_requests"
-            )
-        ok = await self.s.engine.reset_prefix_cache(reset_running_requests=flag in ("true", "1"))
-        if not ok:
-            return error_response(409, "Prefix cache reset failed: running requests hold blocks.")
-        return Response(status_code=200)
+        """vLLM's dev endpoint: 200 ``{"success": bool}``; false (nothing reset) while running requests hold
+        blocks, unless ``reset_running_requests`` preempts them first. ``reset_external`` (the KV
+        connector's cache) is accepted; with no connector it changes nothing, as in vLLM."""
+        try:
+            reset_running = _query_flag(request, "reset_running_requests")
+            _query_flag(request, "reset_external")
+        except RequestError as exc:
+            return _request_error(exc)
+        ok = await self.s.engine.reset_prefix_cache(reset_running_requests=reset_running)
+        return JSONResponse({"success": ok})
 
     async def get_faults(self, request: Request) -> Response:
         return JSONResponse(self.s.faults.current.to_json())
@@ -443,7 +486,7 @@ async def _answer(handler: Callable[[Request], Awaitable[Response]], request: Re
     try:
         return await handler(request)
     except RequestError as exc:
-        return error_response(exc.status, exc.message, param=exc.param)
+        return _request_error(exc)
     except TemplateError as exc:
         return error_response(400, str(exc))
     except ClientDisconnect:

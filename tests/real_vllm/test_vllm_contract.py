@@ -32,14 +32,6 @@ from burstsched.workloads.contexts import context_text
 pytestmark = pytest.mark.anyio
 
 MAX_TOKENS = 4
-SIM_CLEARED_DIFFERENCE = (
-    "vLLM queues AllBlocksCleared at the reset and publishes it with the next engine step (one per reset); "
-    "the simulator publishes it at once"
-)
-SIM_RESET_DIFFERENCE = (
-    "vLLM answers POST /reset_prefix_cache with 200 and {'success': bool} (false while running requests hold "
-    "blocks); the simulator answers an empty 200, or 409 with an error body"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,9 +280,7 @@ async def test_reset_prefix_cache_forgets_blocks(backend: Backend) -> None:
     assert (cold.hits, cold.cached_tokens, cold.computed) == (0, 0, cold.prompt_tokens)
 
 
-async def test_reset_prefix_cache_reports_success(backend: Backend, request: pytest.FixtureRequest) -> None:
-    if backend.kind == "sim":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=SIM_RESET_DIFFERENCE))
+async def test_reset_prefix_cache_reports_success(backend: Backend) -> None:
     async with httpx.AsyncClient(timeout=60) as client:
         idle = await client.post(f"{backend.url}/reset_prefix_cache")
         async with _running_request(client, backend):
@@ -353,11 +343,7 @@ async def test_kv_events_decode(backend: Backend) -> None:
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
 
-async def test_all_blocks_cleared_goes_out_with_the_next_step(
-    backend: Backend, request: pytest.FixtureRequest
-) -> None:
-    if backend.kind == "sim":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=SIM_CLEARED_DIFFERENCE))
+async def test_all_blocks_cleared_goes_out_with_the_next_step(backend: Backend) -> None:
     assert backend.kv_events_endpoint is not None
     async with httpx.AsyncClient(timeout=60) as client, kv_subscriber(backend.kv_events_endpoint) as sock:
         for attempt in range(20):  # join: see the event of a new one-block prompt

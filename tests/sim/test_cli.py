@@ -54,6 +54,12 @@ def test_flags_and_vllm_style_kv_events_config() -> None:
     assert config.max_waiting_requests == 5 and config.seed == 4 and not config.enable_prefix_caching
 
 
+def test_prompt_tokens_details_flag_defaults_on() -> None:
+    assert config_from_args(parse()).enable_prompt_tokens_details is True
+    assert config_from_args(parse("--enable-prompt-tokens-details")).enable_prompt_tokens_details is True
+    assert config_from_args(parse("--no-enable-prompt-tokens-details")).enable_prompt_tokens_details is False
+
+
 def test_invalid_settings_exit_with_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(parse("--block-size", "0")) == 2
     assert "block_size" in capsys.readouterr().err

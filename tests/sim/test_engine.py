@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from burstsched.kv_events import AllBlocksCleared, BlockStored
 from burstsched.sim.engine import QueueFullError, Status
 
 from .engine_helpers import running_engine, tokens, wait_until
@@ -143,6 +144,64 @@ async def test_reset_is_refused_while_blocks_are_held_unless_running_requests_ar
         h.engine.abort("a")
 
 
+async def test_a_reset_is_published_with_the_next_step_not_while_idle() -> None:
+    """vLLM's engine core runs no step while idle: a reset's AllBlocksCleared (one per successful reset)
+    goes out with the next request's first step, ahead of that step's own events."""
+    async with running_engine(block_size=4) as h:
+        a = h.request("a", tokens(1, 9), max_tokens=2)
+        h.add(a)
+        await h.finish(a)
+        before = len(h.events)
+        assert await h.engine.reset_prefix_cache() is True
+        assert await h.engine.reset_prefix_cache() is True
+        for _ in range(10):  # let the idle engine run whatever it would
+            await anyio.lowlevel.checkpoint()
+        assert h.events[before:] == []
+        b = h.request("b", tokens(50, 9), max_tokens=1)
+        h.add(b)
+        await h.finish(b)
+        after = h.events[before:]
+        assert after[:2] == [AllBlocksCleared(), AllBlocksCleared()]
+        stored = [e for e in after[2:] if isinstance(e, BlockStored)]
+        assert [t for e in stored for t in e.token_ids] == tokens(50, 8)
+        assert len(after) == 2 + len(stored)
+
+
+async def test_a_refused_reset_queues_no_event() -> None:
+    async with running_engine(block_size=4) as h:
+        req = h.request("a", tokens(1, 12), max_tokens=10_000)
+        h.add(req)
+        await wait_until(lambda: bool(req.output_token_ids))
+        assert await h.engine.reset_prefix_cache() is False
+        h.engine.abort("a")
+        b = h.request("b", tokens(50, 3), max_tokens=2)
+        h.add(b)
+        await h.finish(b)
+        assert AllBlocksCleared() not in h.events
+
+
+async def test_cache_creation_tokens_are_the_full_blocks_less_the_hits() -> None:
+    """vLLM's ``created_cache_tokens``: at the first token, prompt tokens in the request's cached full blocks
+    less its hits. A fully cached prompt recomputes (and caches again) its last block."""
+    async with running_engine(block_size=4) as h:
+        cold = h.request("cold", tokens(1, 10))
+        h.add(cold)
+        await h.finish(cold)
+        warm = h.request("warm", tokens(1, 10))
+        h.add(warm)
+        await h.finish(warm)
+        exact = h.request("exact", tokens(100, 12))
+        h.add(exact)
+        await h.finish(exact)
+        exact_again = h.request("exact-again", tokens(100, 12))
+        h.add(exact_again)
+        await h.finish(exact_again)
+    assert (cold.num_cached_tokens, cold.num_cache_creation_tokens) == (0, 8)
+    assert (warm.num_cached_tokens, warm.num_cache_creation_tokens) == (8, 0)
+    assert (exact.num_cached_tokens, exact.num_cache_creation_tokens) == (0, 12)
+    assert (exact_again.num_cached_tokens, exact_again.num_cache_creation_tokens) == (8, 4)
+
+
 async def test_no_prefix_caching_means_no_hits() -> None:
     async with running_engine(enable_prefix_caching=False) as h:
         a = h.request("a", tokens(1, 20))
@@ -152,6 +211,7 @@ async def test_no_prefix_caching_means_no_hits() -> None:
         h.add(b)
         await h.finish(b)
         assert b.num_cached_tokens == 0
+        assert b.num_cache_creation_tokens == 0
         assert h.stats.hits == 0
         assert h.events == []
 

@@ -197,12 +197,16 @@ async def test_a_subscriber_sees_exactly_the_blocks_stored_and_removed(encoding:
                 assert removed_count > 0
                 assert live == expected
                 assert stored_count - removed_count == len(expected)
-                assert pool.reset_prefix_cache() == [True]
+                # An idle replica publishes a reset's AllBlocksCleared with its next step, as vLLM does:
+                # the next request's first batch starts with one per reset.
+                assert await pool.areset_prefix_cache() == [True]
+                assert await pool.areset_prefix_cache() == [True]
+                assert not await sub.poll(timeout=300)  # nothing while idle
+                await chat(http, pool.urls[0], "After the reset. " + " ".join(f"w{j}" for j in range(60)))
                 with anyio.fail_after(10):
-                    while True:
-                        batch = decode_message(await sub.recv_multipart()).batch
-                        if AllBlocksCleared() in batch.events:
-                            break
+                    batch = decode_message(await sub.recv_multipart()).batch
+                assert batch.events[:2] == (AllBlocksCleared(), AllBlocksCleared())
+                assert batch.events[2:] and all(isinstance(e, BlockStored) for e in batch.events[2:])
     finally:
         sub.close(linger=0)
         ctx.term()

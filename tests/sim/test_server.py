@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import httpx
@@ -29,14 +30,32 @@ def pool() -> Iterator[SimPool]:
         yield p
 
 
-def assert_openai_error(response: httpx.Response, status: int) -> dict[str, object]:
+# vLLM 0.32's error types by status (measured): its serving code's and FastAPI's request validation's 400s.
+VLLM_ERROR_TYPES = {
+    400: {"BadRequestError", "Bad Request"},
+    404: {"NotFoundError"},
+    413: {"Request Entity Too Large"},
+    429: {"Too Many Requests"},
+    500: {"InternalServerError"},
+    502: {"Bad Gateway"},
+    503: {"ServiceUnavailableError"},
+}
+
+
+def assert_openai_error(
+    response: httpx.Response, status: int, error_type: str | None = None
+) -> dict[str, object]:
+    """An OpenAI-shaped error body with vLLM's vocabulary: ``type`` by status, ``code`` the status."""
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}
     error = body["error"]
+    assert list(error) == ["message", "type", "param", "code"]
     assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str)
-    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status
+    assert error["type"] in VLLM_ERROR_TYPES[status]
+    if error_type is not None:
+        assert error["type"] == error_type
     return dict(error)
 
 
@@ -58,7 +77,9 @@ async def test_chat_stream_has_vllm_shape_and_usage_chunk(pool: SimPool) -> None
     usage = last["usage"]
     assert usage["completion_tokens"] == 5
     assert usage["total_tokens"] == usage["prompt_tokens"] + 5
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    # Cold: nothing cached; every full block of the prompt computed and written to the cache.
+    created = usage["prompt_tokens"] // FAST.block_size * FAST.block_size
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": created}
 
 
 async def test_completion_stream_and_non_stream_shapes(pool: SimPool) -> None:
@@ -75,6 +96,69 @@ async def test_completion_stream_and_non_stream_shapes(pool: SimPool) -> None:
         assert result["usage"]["completion_tokens"] == 3
         # The same prompt again: everything but the last block is a hit.
         assert result["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+async def _usages(http: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The usage of one request in each place vLLM reports it: the non-streaming response, the streamed
+    usage chunk, and a continuous-usage chunk."""
+    plain = {k: v for k, v in body.items() if k != "stream_options"}
+    response = (await http.post(f"{url}{path}", json={**plain, "stream": False})).json()
+    streamed, _ = await stream_events(http, url, path, {**body, "stream": True})
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    continuous, _ = await stream_events(http, url, path, {**body, "stream": True, "stream_options": options})
+    return {
+        "response": response["usage"],
+        "final_chunk": streamed[-1]["usage"],
+        "continuous": continuous[0]["usage"],
+    }
+
+
+@pytest.mark.parametrize("details", [True, False])
+async def test_usage_shapes_follow_enable_prompt_tokens_details(details: bool) -> None:
+    config = SimConfig(time_scale=0.01, enable_prompt_tokens_details=details)
+    chat_req = chat_body(CONTEXT, max_tokens=2, stream=True)
+    completion_req = {
+        "model": MODEL,
+        "prompt": CONTEXT,
+        "max_tokens": 2,
+        "stream_options": {"include_usage": True},
+    }
+    async with SimPool(1, config) as p, client() as http:
+        url = p.urls[0]
+        chat_usage = await _usages(http, url, "/v1/chat/completions", chat_req)
+        completion_usage = await _usages(http, url, "/v1/completions", completion_req)
+    counts = {"prompt_tokens", "total_tokens", "completion_tokens"}
+    # Continuous usage never carries prompt_tokens_details; chat's carries completion_tokens_details null.
+    assert chat_usage["continuous"] == {
+        "prompt_tokens": chat_usage["response"]["prompt_tokens"],
+        "total_tokens": chat_usage["response"]["prompt_tokens"],
+        "completion_tokens": 0,
+        "completion_tokens_details": None,
+    }
+    assert set(completion_usage["continuous"]) == counts
+    if not details:
+        assert chat_usage["response"]["prompt_tokens_details"] is None
+        assert completion_usage["response"]["prompt_tokens_details"] is None
+        assert set(chat_usage["final_chunk"]) == set(completion_usage["final_chunk"]) == counts
+        return
+    # The first request caches its full blocks; the next hits them (never the last token) and caches the
+    # rest of its full blocks: created = full-block tokens - hits.
+    full_blocks = chat_usage["response"]["prompt_tokens"] // 16 * 16
+    chat_cached = chat_usage["final_chunk"]["prompt_tokens_details"]["cached_tokens"]
+    assert chat_cached == (chat_usage["response"]["prompt_tokens"] - 1) // 16 * 16 > 0
+    assert chat_usage["response"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": full_blocks,
+        "multimodal_tokens": None,
+    }
+    assert chat_usage["response"]["completion_tokens_details"] is None
+    assert chat_usage["final_chunk"]["prompt_tokens_details"] == {
+        "cached_tokens": chat_cached,
+        "created_cache_tokens": full_blocks - chat_cached,
+    }
+    completion_details = completion_usage["response"]["prompt_tokens_details"]
+    assert completion_details == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+    assert list(completion_usage["final_chunk"]["prompt_tokens_details"]) == ["cached_tokens"]
 
 
 async def test_non_stream_chat_and_request_id_echo(pool: SimPool) -> None:
@@ -166,65 +250,114 @@ async def test_models_version_health(pool: SimPool) -> None:
     assert models["data"][0]["max_model_len"] == FAST.effective_max_model_len
     assert version == {"version": "0.32.0"}
     assert health.status_code == 200
-    assert_openai_error(unknown, 404)
-    assert_openai_error(wrong_method, 405)
+    # vLLM leaves unknown paths and wrong methods to FastAPI: {"detail": ...}, not an OpenAI error.
+    assert (unknown.status_code, unknown.json()) == (404, {"detail": "Not Found"})
+    assert (wrong_method.status_code, wrong_method.json()) == (405, {"detail": "Method Not Allowed"})
+    assert "POST" in wrong_method.headers["allow"]
 
 
-BAD_BODIES: list[tuple[bytes, int]] = [
-    (b"", 400),
-    (b"{", 400),
-    (b"\xff\xfe{}", 400),
-    (b"[]", 400),
-    (b'{"messages": "hi"}', 400),
-    (b'{"messages": []}', 400),
-    (b'{"model": "kv-demo"}', 400),
-    (b'{"messages": [{"content": "x"}]}', 400),
-    (b'{"messages": [{"role": "user", "content": 5}]}', 400),
-    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": true}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}', 400),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}', 400),
-    (b'{"model": "other", "messages": [{"role": "user", "content": "x"}]}', 404),
-    (b'{"model": 7, "messages": [{"role": "user", "content": "x"}]}', 400),
+# (body, status, vLLM's error type, param): "Bad Request" where vLLM's request validation (FastAPI) rejects
+# the body, "BadRequestError" where its serving code does.
+MSG = '"messages": [{"role": "user", "content": "x"}]'
+BAD_BODIES: list[tuple[bytes, int, str, str | None]] = [
+    (b"", 400, "Bad Request", "body"),
+    (b"{", 400, "Bad Request", "body.1"),  # where the JSON error is, as vLLM's request validation says
+    (b"\xff\xfe{}", 400, "Bad Request", "body"),
+    (b"[]", 400, "Bad Request", "body"),
+    (b'{"messages": "hi"}', 400, "Bad Request", "body.messages"),
+    (b'{"messages": []}', 400, "BadRequestError", "messages"),
+    (b'{"model": "kv-demo"}', 400, "Bad Request", "body.messages"),
+    (b'{"messages": [{"content": "x"}]}', 400, "Bad Request", "body.messages[0].role"),
+    (b'{"messages": [{"role": "user", "content": 5}]}', 400, "Bad Request", "body.messages[0].content"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "BadRequestError", None),
+    (f'{{{MSG}, "max_tokens": -1}}'.encode(), 400, "BadRequestError", "max_tokens"),
+    (f'{{{MSG}, "max_tokens": 0}}'.encode(), 400, "BadRequestError", "max_tokens"),
+    (f'{{{MSG}, "max_tokens": "5"}}'.encode(), 400, "Bad Request", "body.max_tokens"),
+    (f'{{{MSG}, "max_tokens": true}}'.encode(), 400, "Bad Request", "body.max_tokens"),
+    (f'{{{MSG}, "stream": "yes"}}'.encode(), 400, "Bad Request", "body.stream"),
+    (f'{{{MSG}, "temperature": -1}}'.encode(), 400, "BadRequestError", "temperature"),
+    (f'{{{MSG}, "temperature": NaN}}'.encode(), 400, "Bad Request", None),  # not JSON; sim refuses
+    (f'{{{MSG}, "n": 2}}'.encode(), 400, "BadRequestError", "n"),
+    (
+        f'{{{MSG}, "stream_options": {{"include_usage": true}}}}'.encode(),
+        400,
+        "BadRequestError",
+        "stream_options",
+    ),
+    (f'{{"model": "other", {MSG}}}'.encode(), 404, "NotFoundError", "model"),
+    (f'{{"model": 7, {MSG}}}'.encode(), 400, "Bad Request", "body.model"),
 ]
 
 
-@pytest.mark.parametrize(("raw", "status"), BAD_BODIES)
-async def test_bad_chat_bodies_get_openai_errors(pool: SimPool, raw: bytes, status: int) -> None:
+@pytest.mark.parametrize(("raw", "status", "error_type", "param"), BAD_BODIES)
+async def test_bad_chat_bodies_get_vllm_errors(
+    pool: SimPool, raw: bytes, status: int, error_type: str, param: str | None
+) -> None:
     async with client() as http:
         response = await http.post(
             f"{pool.urls[0]}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
         )
-    assert_openai_error(response, status)
+    error = assert_openai_error(response, status, error_type)
+    if param is not None:
+        assert error["param"] == param
+
+
+async def test_unknown_model_is_vllms_not_found_error(pool: SimPool) -> None:
+    url = pool.urls[0]
+    async with client() as http:
+        responses = [
+            await http.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "hi", "max_tokens": 1}),
+            await http.post(f"{url}/v1/chat/completions", json={**chat_body("hi"), "model": "nope"}),
+            await http.post(f"{url}/tokenize", json={"model": "nope", "prompt": "hi"}),
+        ]
+    for response in responses:
+        assert response.json() == {
+            "error": {
+                "message": f"The model `nope` does not exist. Valid aliases: {MODEL}.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+        }
 
 
 async def test_bad_completion_bodies_and_too_long_prompts() -> None:
     config = SimConfig(time_scale=0.01, max_model_len=64)
     async with SimPool(1, config) as small, client() as http:
         url = small.urls[0]
-        cases: list[tuple[object, int]] = [
-            ({"prompt": ""}, 400),
-            ({"prompt": []}, 400),
-            ({"prompt": ["a", "b"]}, 400),
-            ({"prompt": [1, -2]}, 400),
-            ({"prompt": "x", "echo": True}, 400),
-            ({"prompt": " ".join(["word"] * 100)}, 400),
-            ({"prompt": "x y z", "max_tokens": 62}, 400),
-            ({"prompt": [1, 2, 3], "max_tokens": 2}, 200),
+        cases: list[tuple[object, int, str | None]] = [
+            ({"prompt": ""}, 400, "prompt"),
+            ({}, 400, "prompt"),
+            ({"prompt": []}, 400, "prompt"),
+            ({"prompt": ["a", "b"]}, 400, "prompt"),
+            ({"prompt": [1, -2]}, 400, "body.prompt"),
+            ({"prompt": "x", "echo": True}, 400, "echo"),
+            ({"prompt": " ".join(["word"] * 100)}, 400, "input_tokens"),
+            ({"prompt": [1] * 65, "max_tokens": 1}, 400, "input_tokens"),
+            ({"prompt": [1] * 64}, 400, "max_tokens"),  # no room left for a single output token
+            ({"prompt": [1, 2, 3], "max_tokens": 2}, 200, None),
         ]
-        for body, status in cases:
+        for body, status, param in cases:
             response = await http.post(f"{url}/v1/completions", json=body)
             if status == 200:
                 assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == 3
             else:
-                assert_openai_error(response, status)
+                assert assert_openai_error(response, status)["param"] == param
+        too_long = await http.post(f"{url}/v1/completions", json={"prompt": [1] * 66})
+        assert too_long.json()["error"]["message"] == (
+            "This model's maximum context length is 64 tokens. However, your prompt contains 66 input "
+            "tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
+            "the input prompt. (parameter=input_tokens, value=66)"
+        )
+        # vLLM's tokenizer stops at max_model_len + 1 tokens: for that count it says "at least".
+        just_over = await http.post(f"{url}/v1/completions", json={"prompt": [1] * 65})
+        assert "your prompt contains at least 65 input tokens" in just_over.json()["error"]["message"]
+        # A max_tokens that does not fit is capped to the room left, as vLLM 0.32 does, not refused.
+        capped = (
+            await http.post(f"{url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 62})
+        ).json()
+        assert capped["usage"]["completion_tokens"] == 61
+        assert capped["choices"][0]["finish_reason"] == "length"
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -302,18 +435,29 @@ async def test_reset_prefix_cache_over_http(pool: SimPool) -> None:
     url = pool.urls[0]
     async with client() as http:
         await chat(http, url, CONTEXT, max_tokens=2)
-        assert (await http.post(f"{url}/reset_prefix_cache")).status_code == 200
+        idle = await http.post(f"{url}/reset_prefix_cache")
+        assert (idle.status_code, idle.json()) == (200, {"success": True})
         again = (await chat(http, url, CONTEXT, max_tokens=2))["usage"]
         assert again["prompt_tokens_details"]["cached_tokens"] == 0
+        bad_flag = await http.post(f"{url}/reset_prefix_cache?reset_running_requests=maybe")
+        error = assert_openai_error(bad_flag, 400, "Bad Request")
+        assert error["param"] == "query.reset_running_requests"
         body = chat_body(CONTEXT, max_tokens=5000, stream=True)
         async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-            async for line in response.aiter_lines():
+            lines = response.aiter_lines()
+            async for line in lines:
                 if '"content":" ' in line:
                     break
-            busy = await http.post(f"{url}/reset_prefix_cache")
-            assert_openai_error(busy, 409)
-            forced = await http.post(f"{url}/reset_prefix_cache?reset_running_requests=true")
-            assert forced.status_code == 200
+            busy = await http.post(f"{url}/reset_prefix_cache?reset_running_requests=false&reset_external=1")
+            assert (busy.status_code, busy.json()) == (200, {"success": False})
+            forced = await http.post(f"{url}/reset_prefix_cache?reset_running_requests=yes")
+            assert (forced.status_code, forced.json()) == (200, {"success": True})
+            # The preempted request is recomputed and keeps streaming.
+            async for line in lines:
+                if '"content":" ' in line:
+                    break
+            else:
+                raise AssertionError("the preempted request stopped streaming")
 
 
 async def test_faults_over_http_and_python(pool: SimPool) -> None:
@@ -322,7 +466,7 @@ async def test_faults_over_http_and_python(pool: SimPool) -> None:
         set_response = await http.post(f"{url}/sim/faults", json={"error_rate": 1.0, "error_status": 503})
         assert set_response.json()["error_rate"] == 1.0
         failed = await http.post(f"{url}/v1/chat/completions", json=chat_body("hi"))
-        assert_openai_error(failed, 503)
+        assert_openai_error(failed, 503, "ServiceUnavailableError")
         assert_openai_error(await http.post(f"{url}/sim/faults", json={"error_rate": 2}), 400)
         assert_openai_error(await http.post(f"{url}/sim/faults", json={"bogus": 1}), 400)
         await http.post(f"{url}/sim/faults", json={})
