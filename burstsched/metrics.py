@@ -2,8 +2,8 @@
 
 Outcomes of ``burstsched_requests_total``: ``ok`` (2xx), ``client_error`` (the replica's 4xx passed through),
 ``upstream_error`` (every attempt failed: 502), ``stream_error`` (failed after the first byte: error event),
-``cancelled`` (the client went away), ``rejected`` (refused by the router: 400, 404, 413), ``unavailable``
-(no healthy endpoint: 503).
+``cancelled`` (the client went away), ``rejected`` (refused by the router: 400, 404, 413), ``throttled``
+(the admission queue is full: 429), ``unavailable`` (no healthy endpoint: 503).
 
 Latencies are measured on the response the client gets (:meth:`RouterMetrics.timed` wraps the ASGI ``send``):
 the end-to-end histogram from the request's arrival to its last byte, time to first token from the arrival to
@@ -136,9 +136,9 @@ class _TimedSend:
             if self._first and message.get("body"):
                 self._first = False
                 if self._streaming:
-                    self._metrics.ttft.labels(self._endpoint).observe(self._metrics.clock() - self._started)
+                    self._metrics.observe_ttft(self._endpoint, self._metrics.clock() - self._started)
             if not message.get("more_body", False):
-                self._metrics.e2e.labels(self._endpoint).observe(self._metrics.clock() - self._started)
+                self._metrics.observe_e2e(self._endpoint, self._metrics.clock() - self._started)
                 self._endpoint = None
         await self._send(message)
 
@@ -223,6 +223,9 @@ class RouterMetrics:
         )
         self._prefix_scorers: tuple[str, ...] = ()
         self._plugin_children: dict[tuple[str, str], Histogram] = {}
+        self._ttft_children: dict[str, Histogram] = {}
+        self._e2e_children: dict[str, Histogram] = {}
+        self._wait_children: dict[str, Histogram] = {}
 
     def watch_endpoints(self, snapshots: Callable[[], Sequence[EndpointSnapshot]]) -> None:
         """Export the pool's per-endpoint gauges, read at each scrape."""
@@ -253,6 +256,12 @@ class RouterMetrics:
     def attempt(self, endpoint: str, result: str) -> None:
         self.upstream_attempts.labels(endpoint, result).inc()
 
+    def observe_ttft(self, endpoint: str, seconds: float) -> None:
+        _child(self._ttft_children, self.ttft, endpoint).observe(seconds)
+
+    def observe_e2e(self, endpoint: str, seconds: float) -> None:
+        _child(self._e2e_children, self.e2e, endpoint).observe(seconds)
+
     def observe_plugin(self, extension_point: str, plugin: str, seconds: float) -> None:
         """The scheduler's plugin observer: one plugin call took ``seconds``."""
         key = (extension_point, plugin)
@@ -276,9 +285,17 @@ class RouterMetrics:
 
     def observe_admission(self, role: str, waited_s: float, group_size: int) -> None:
         """One admitted request; a group's leader also counts its group's size."""
-        self.admission_wait.labels(role).observe(waited_s)
+        _child(self._wait_children, self.admission_wait, role).observe(waited_s)
         if role == "leader":
             self.group_size.observe(group_size)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _child(cache: dict[str, Histogram], histogram: Histogram, label: str) -> Histogram:
+    """``histogram.labels(label)``, remembered: ``labels`` takes a lock and builds a key on every call."""
+    child = cache.get(label)
+    if child is None:
+        child = cache[label] = histogram.labels(label)
+    return child

@@ -58,8 +58,15 @@ class Tracing:
         return RequestTrace.begin(self.tracer, self.propagator, scope)
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, handler: Handler) -> None:
-        """Run ``handler`` for one request inside its SERVER span (ended however the handler ends)."""
+        """Run ``handler`` for one request inside its SERVER span (ended however the handler ends).
+
+        A request the sampler leaves out is served as an untraced one (``trace`` None): the client's own
+        ``traceparent``, if any, still goes upstream as received.
+        """
         trace = self.begin(scope)
+        if not trace.span.is_recording():
+            await handler(scope, receive, send, None)
+            return
         try:
             await handler(scope, receive, trace.wrap_send(send), trace)
         except BaseException as error:

@@ -1,7 +1,8 @@
 """One request's spans: the SERVER span and its children (admission wait, scheduling, upstream attempts).
 
-These objects exist only while tracing is on; the request path holds ``RequestTrace | None`` and checks it,
-so an untraced request builds no span objects at all. Parents are passed explicitly (no context variables).
+These objects exist only while tracing is on (and the request is sampled); the request path holds
+``RequestTrace | None`` and checks it, so an untraced request builds no span objects at all. Parents are
+passed explicitly (no context variables).
 
     SERVER  POST /v1/chat/completions      continues the client's traceparent; GenAI request attributes
       ├─ burstsched.admission              the request's wait in its window (window, group, role, bypass)
@@ -334,7 +335,7 @@ class RequestTrace:
         self._span.end()
 
 
-Handler = Callable[[Scope, Receive, Send, RequestTrace], Awaitable[None]]
+Handler = Callable[[Scope, Receive, Send, RequestTrace | None], Awaitable[None]]
 
 
 def _admission_attributes(outcome: AdmissionOutcome, bypass: bool) -> dict[str, AttributeValue]:
