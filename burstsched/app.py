@@ -4,10 +4,14 @@ Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (scheduled an
 ``GET /v1/models``, ``GET /health`` (liveness), ``GET /ready`` (at least one healthy endpoint),
 ``GET /metrics`` (the router's own metrics), ``POST /admin/reset`` (drop learned scheduling state, e.g. the
 prefix index).
+
+Middleware, outermost first: refusal while draining on shutdown (:mod:`burstsched.shutdown`), API and admin
+keys (:mod:`burstsched.auth`), the body read deadline (:mod:`burstsched.limits`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -22,12 +26,14 @@ import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from burstsched.admission import Admission, AdmissionClosed, AdmissionQueueFull, NoEndpointAvailable
+from burstsched.auth import AuthMiddleware, AuthSettings
 from burstsched.config import RouterConfig
 from burstsched.dispatch import Dispatcher, LeanTransport, getter, upstream_for, upstream_request_headers
 from burstsched.errors import error_response
@@ -36,10 +42,12 @@ from burstsched.framework import (
     PluginContext,
     PluginRegistry,
 )
+from burstsched.limits import BodyDeadlineMiddleware
 from burstsched.metrics import CONTENT_TYPE, RouterMetrics
-from burstsched.pool import EndpointPool
+from burstsched.pool import CircuitSettings, EndpointPool
 from burstsched.request import ClientDisconnected, RequestError, parse_request, read_body
 from burstsched.scheduling import Scheduler, build_scheduler
+from burstsched.shutdown import Drainer, RefuseWhileDraining
 from burstsched.telemetry import RequestTrace, Tracing, resolve_tracing
 
 log = logging.getLogger(__name__)
@@ -66,6 +74,10 @@ class Router:
         """Read, validate, schedule and proxy one chat or completions request (``trace``: its spans)."""
         client_headers: list[tuple[bytes, bytes]] = scope["headers"]
         header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in client_headers}
+        request_timeout_ms = self.config.limits.request_timeout_ms
+        deadline = None
+        if request_timeout_ms is not None:
+            deadline = asyncio.get_running_loop().time() + request_timeout_ms / 1000.0
         try:
             body = await read_body(receive, header_map, self.config.limits.max_body_bytes)
             parsed = parse_request(api, body)
@@ -92,7 +104,7 @@ class Router:
             await error_response(503, f"no healthy endpoint serves model {model!r}")(scope, receive, send)
             return
         if trace is not None:
-            trace.scheduling_started()
+            trace.admission_started()
         try:
             admitted = await self.admission.admit(request)
         except AdmissionQueueFull as exc:
@@ -106,10 +118,13 @@ class Router:
             return
         decision = admitted.decision
         self.metrics.observe_decision(decision)
+        self.metrics.observe_admission(admitted.role, admitted.waited_s, admitted.group_size)
         if trace is not None:
-            trace.scheduled(decision)
+            trace.admitted(admitted)
         headers = upstream_request_headers(client_headers, request_id)
-        await self.dispatcher.forward(parsed, request, decision, headers, receive, send, trace=trace)
+        await self.dispatcher.forward(
+            parsed, request, decision, headers, receive, send, trace=trace, deadline=deadline
+        )
 
     def _resolve_model(self, model: str | None) -> str:
         if model is None:
@@ -198,6 +213,13 @@ def create_app(
         config, registry, PluginContext(rng=random.Random(0), clock=clock)
     )  # fail fast on bad config
     tracing_settings = resolve_tracing(config.tracing, os.environ)  # None: tracing off, no tracer at all
+    auth_settings = AuthSettings.resolve(config.auth, os.environ)
+    drainer = Drainer(config.shutdown.drain_timeout_ms / 1000.0)
+    circuit = config.dispatch.circuit
+    circuit_settings = CircuitSettings(
+        circuit.failure_threshold, circuit.open_ms / 1000, max(circuit.open_ms, circuit.max_open_ms) / 1000
+    )
+    first_byte_ms = config.dispatch.timeouts.first_byte_ms
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -229,6 +251,8 @@ def create_app(
                 clock=clock,
                 models=config.models,
                 fetch=getter(upstream_io),
+                circuit=circuit_settings,
+                on_down=scheduler.forget_endpoint,
             )
             metrics.watch_endpoints(pool.snapshots)
             metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
@@ -239,6 +263,8 @@ def create_app(
                 on_dispatch=scheduler.on_dispatch,
                 max_attempts=config.dispatch.max_attempts,
                 timeouts=upstream_timeouts,
+                first_byte_timeout_s=None if first_byte_ms is None else first_byte_ms / 1000.0,
+                drainer=drainer,
             )
             tracing = Tracing(tracing_settings) if tracing_settings is not None else None
             admission = Admission(config.admission, scheduler, pool.snapshots)
@@ -264,8 +290,16 @@ def create_app(
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/admin/reset", _reset, methods=["POST"]),
     ]
-    return Starlette(
+    middleware = [
+        Middleware(RefuseWhileDraining, drainer=drainer),
+        Middleware(AuthMiddleware, settings=auth_settings),
+        Middleware(BodyDeadlineMiddleware, body_timeout_s=config.limits.body_timeout_ms / 1000.0),
+    ]
+    app = Starlette(
         routes=routes,
+        middleware=middleware,
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error, Exception: _unexpected_error},
     )
+    app.state.drainer = drainer  # burstsched serve drains it on shutdown
+    return app

@@ -107,6 +107,8 @@ def parse_request(api: ApiKind, body: bytes) -> ParsedRequest:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError(400, "request body is nested too deeply") from None
     if not isinstance(payload, dict):
         raise RequestError(400, "request body must be a JSON object")
 
@@ -122,9 +124,26 @@ def parse_request(api: ApiKind, body: bytes) -> ParsedRequest:
     cache_salt = payload.get("cache_salt")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise RequestError(400, "'cache_salt' must be a string", param="cache_salt")
+    _check_unicode(model, "model")
+    _check_unicode(cache_salt, "cache_salt")
 
-    rendered = _render_chat(payload) if api is ApiKind.CHAT else _render_completion(payload)
+    try:
+        rendered = _render_chat(payload) if api is ApiKind.CHAT else _render_completion(payload)
+    except UnicodeEncodeError:
+        raise RequestError(400, "request body holds a lone surrogate (\\ud800-\\udfff) escape") from None
+    except RecursionError:
+        raise RequestError(400, "request body is nested too deeply") from None
     return ParsedRequest(api, body, payload, model, bool(stream), cache_salt, rendered)
+
+
+def _check_unicode(value: str | None, param: str) -> None:
+    """Refuse a string holding a lone surrogate (valid JSON escapes, not valid text)."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(400, f"'{param}' holds a lone surrogate", param=param) from None
 
 
 def _render_chat(payload: dict[str, Any]) -> bytes:

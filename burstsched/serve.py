@@ -13,8 +13,10 @@ In tests and the demo::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
+import math
 import random
 import socket
 import sys
@@ -31,8 +33,10 @@ import uvicorn
 from starlette.applications import Starlette
 
 from burstsched.app import Clock, create_app
-from burstsched.config import ConfigError, RouterConfig, load_config, parse_endpoint_arg
+from burstsched.config import ConfigError, LimitsConfig, RouterConfig, load_config, parse_endpoint_arg
 from burstsched.framework import PluginRegistry
+from burstsched.header_guard import guarded_protocol
+from burstsched.shutdown import Drainer
 
 DEFAULT_CONFIG = Path("config") / "default.yaml"
 
@@ -69,31 +73,94 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    server = uvicorn.Server(_uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level))
+    uv_config = _uvicorn_config(
+        app, host=args.host, port=args.port, log_level=args.log_level, limits=config.limits
+    )
+    server = DrainingServer(uv_config, _drainer(app))
+    sockets: list[socket.socket] | None = None
+    if config.auth.admin_port is not None:  # one server, two listening sockets: the API's and the admin's
+        try:
+            sockets = [_listen(args.host, args.port), _listen(args.host, config.auth.admin_port)]
+        except OSError as exc:
+            print(f"burstsched serve: cannot listen: {exc}", file=sys.stderr)
+            return 2
     try:
-        server.run()
+        server.run(sockets=sockets)
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on
         pass
+    finally:
+        for sock in sockets or []:
+            sock.close()
     return 0
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def _uvicorn_config(
-    app: Starlette, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    app: Starlette,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_level: str = "warning",
+    limits: LimitsConfig | None = None,
 ) -> uvicorn.Config:
+    limits = limits if limits is not None else LimitsConfig()
+    drainer = _drainer(app)
+    drain_s = drainer.timeout_s if drainer is not None else 0.0
+    protocol = guarded_protocol(
+        header_timeout_s=limits.header_timeout_ms / 1000.0,
+        max_header_bytes=limits.max_header_bytes,
+        keep_alive_s=limits.keep_alive_timeout_ms / 1000.0,
+    )
     return uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=protocol,
         lifespan="on",
         log_level=log_level,
         access_log=False,
         server_header=False,
         date_header=False,
-        timeout_graceful_shutdown=10,
+        timeout_keep_alive=max(1, math.ceil(limits.keep_alive_timeout_ms / 1000.0)),
+        timeout_graceful_shutdown=math.ceil(drain_s) + 10,  # the drainer ends requests before this
     )
 
 
-class _QuietServer(uvicorn.Server):
+def _drainer(app: Starlette) -> Drainer | None:
+    drainer = getattr(app.state, "drainer", None)
+    return drainer if isinstance(drainer, Drainer) else None
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with the app's :class:`Drainer` run as shutdown begins (uvicorn stops accepting then)."""
+
+    def __init__(self, config: uvicorn.Config, drainer: Drainer | None = None) -> None:
+        super().__init__(config)
+        self.drainer = drainer
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drainer = self.drainer
+        drain = asyncio.ensure_future(drainer.drain()) if drainer is not None else None
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if drain is not None:
+                drain.cancel()
+
+
+class _QuietServer(DrainingServer):
     """A uvicorn server that leaves the process's signal handlers alone (it is stopped by ``should_exit``)."""
 
     @contextlib.contextmanager
@@ -117,10 +184,12 @@ def _bound_socket() -> socket.socket:
 
 
 @asynccontextmanager
-async def serving(app: Starlette, *, start_timeout: float = 30.0) -> AsyncIterator[str]:
+async def serving(
+    app: Starlette, *, start_timeout: float = 30.0, limits: LimitsConfig | None = None
+) -> AsyncIterator[str]:
     """Serve any ASGI app with uvicorn on a free 127.0.0.1 port in the current event loop; yield its URL."""
     sock = _bound_socket()
-    server = _QuietServer(_uvicorn_config(app))
+    server = _QuietServer(_uvicorn_config(app, limits=limits), _drainer(app))
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(server.serve, [sock])
@@ -149,7 +218,7 @@ async def running_router(
 ) -> AsyncIterator[RunningRouter]:
     """Serve the router with uvicorn on a free 127.0.0.1 port in the current event loop."""
     app = create_app(config, registry=registry, transport=transport, clock=clock, rng=rng)
-    async with serving(app, start_timeout=start_timeout) as url:
+    async with serving(app, start_timeout=start_timeout, limits=config.limits) as url:
         yield RunningRouter(url, app)
 
 
@@ -165,7 +234,7 @@ def router_thread(
     """Serve the router with uvicorn on a free 127.0.0.1 port, on its own event loop in a thread."""
     app = create_app(config, registry=registry, clock=clock, rng=rng)
     sock = _bound_socket()
-    server = _QuietServer(_uvicorn_config(app))
+    server = _QuietServer(_uvicorn_config(app, limits=config.limits), _drainer(app))
     thread = threading.Thread(target=server.run, args=([sock],), name="burstsched-router", daemon=True)
     thread.start()
     try:

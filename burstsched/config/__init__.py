@@ -4,6 +4,8 @@ from burstsched.config.admission import AdmissionConfig
 from burstsched.config.errors import ConfigError, ConfigIssue
 from burstsched.config.loader import decode_config, load_config, parse_config_text, parse_endpoint_arg
 from burstsched.config.models import (
+    AuthConfig,
+    CircuitConfig,
     DispatchConfig,
     EndpointConfig,
     LimitsConfig,
@@ -13,12 +15,15 @@ from burstsched.config.models import (
     ProfileConfig,
     ProfilePluginRef,
     RouterConfig,
+    ShutdownConfig,
     TimeoutsConfig,
     TracingConfig,
 )
 
 __all__ = [
     "AdmissionConfig",
+    "AuthConfig",
+    "CircuitConfig",
     "ConfigError",
     "ConfigIssue",
     "DispatchConfig",
@@ -30,6 +35,7 @@ __all__ = [
     "ProfileConfig",
     "ProfilePluginRef",
     "RouterConfig",
+    "ShutdownConfig",
     "TimeoutsConfig",
     "TracingConfig",
     "decode_config",

@@ -68,6 +68,13 @@ class PoolConfig(StrictModel):
         default=1000.0, gt=0, description="Period of each replica's /health and /v1/models check."
     )
     health_check_timeout_ms: float = Field(default=1000.0, gt=0, description="Timeout of one health check.")
+    failed_checks_before_down: int = Field(
+        default=2,
+        ge=1,
+        description="Consecutive failed health checks (timeouts, non-200 answers) that mark an endpoint "
+        "unhealthy; a refused connection marks it unhealthy at once. An unhealthy endpoint leaves scheduling "
+        "and its prefix-index entries are dropped.",
+    )
 
 
 class TimeoutsConfig(StrictModel):
@@ -79,6 +86,28 @@ class TimeoutsConfig(StrictModel):
     )
     write_ms: float = Field(default=30_000.0, gt=0, description="Sending the request body.")
     pool_ms: float = Field(default=10_000.0, gt=0, description="Waiting for a free upstream connection.")
+    first_byte_ms: float | None = Field(
+        default=30_000.0,
+        gt=0,
+        description="Longest wait for a replica's response head to a streaming request before the request "
+        "moves to the next endpoint (a non-streaming answer's head comes with the whole answer: read_ms "
+        "applies); null: no limit beyond read_ms.",
+    )
+
+
+class CircuitConfig(StrictModel):
+    """The per-endpoint circuit breaker fed by failed dispatches (connect errors, timeouts, 5xx)."""
+
+    failure_threshold: int = Field(
+        default=3, ge=1, description="Consecutive failed dispatches that open an endpoint's circuit."
+    )
+    open_ms: float = Field(
+        default=1000.0,
+        gt=0,
+        description="How long an open circuit keeps the endpoint out of scheduling before one probe request "
+        "may go; each failed probe doubles the wait.",
+    )
+    max_open_ms: float = Field(default=30_000.0, gt=0, description="Longest wait of an open circuit.")
 
 
 class DispatchConfig(StrictModel):
@@ -92,15 +121,86 @@ class DispatchConfig(StrictModel):
         "timeout or 5xx moves it to the next best).",
     )
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    circuit: CircuitConfig = Field(default_factory=CircuitConfig)
     max_connections: int = Field(default=1024, ge=1, description="Upstream connections open at once, in all.")
     max_keepalive_connections: int = Field(default=256, ge=0, description="Idle upstream connections kept.")
 
 
 class LimitsConfig(StrictModel):
-    """Limits on client requests."""
+    """Limits on client requests and connections (slow clients included)."""
 
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Largest request body accepted; larger ones get 413."
+    )
+    header_timeout_ms: float = Field(
+        default=10_000.0,
+        gt=0,
+        description="Longest time from a request's first byte to the end of its headers; a slower client is "
+        "disconnected (slow-loris). Applies to `burstsched serve`.",
+    )
+    max_header_bytes: int = Field(
+        default=65_536,
+        ge=1024,
+        description="Largest request head (request line and headers); a larger one gets 431 and is "
+        "disconnected. Applies to `burstsched serve`.",
+    )
+    body_timeout_ms: float = Field(
+        default=30_000.0,
+        gt=0,
+        description="Longest time to receive a whole request body; a slower client gets 408 and is "
+        "disconnected.",
+    )
+    keep_alive_timeout_ms: float = Field(
+        default=5000.0, gt=0, description="An idle keep-alive connection is closed after this long."
+    )
+    request_timeout_ms: float | None = Field(
+        default=600_000.0,
+        gt=0,
+        description="Longest time a request may take from its arrival to its last byte: past it, a request "
+        "without an answer yet gets 504, a stream ends with an error event; null: no limit.",
+    )
+
+
+class AuthConfig(StrictModel):
+    """Client API keys (Bearer) and the protection of ``/metrics`` and ``/admin/*``.
+
+    Keys also come from the environment: ``BURSTSCHED_API_KEYS`` and ``BURSTSCHED_ADMIN_KEYS``
+    (comma-separated) add to the lists below.
+    """
+
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Accepted client API keys; with none here or in BURSTSCHED_API_KEYS the API is open.",
+    )
+    admin_keys: list[str] = Field(
+        default_factory=list,
+        description="Keys for /metrics and /admin/* (also from BURSTSCHED_ADMIN_KEYS). Without admin keys "
+        "those paths are open when no API key is set, else they take an API key.",
+    )
+    admin_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Serve /metrics and /admin/* only on this port (same host), not on the API port; "
+        "admin keys, when set, still apply there.",
+    )
+
+    @field_validator("api_keys", "admin_keys")
+    @classmethod
+    def _check_keys(cls, keys: list[str]) -> list[str]:
+        if any(not key or key != key.strip() or "," in key for key in keys):
+            raise ValueError("keys must be non-empty, without surrounding blanks or commas")
+        return keys
+
+
+class ShutdownConfig(StrictModel):
+    """Graceful shutdown (SIGTERM or SIGINT to `burstsched serve`)."""
+
+    drain_timeout_ms: float = Field(
+        default=20_000.0,
+        ge=0,
+        description="On shutdown the router stops accepting connections and lets in-flight requests finish "
+        "for up to this long; then it ends them (a stream with an error event, others with 503).",
     )
 
 
@@ -142,6 +242,7 @@ class ProfileConfig(StrictModel):
         default_factory=lambda: [
             ProfilePluginRef(plugin_ref="approx-prefix-producer"),
             ProfilePluginRef(plugin_ref="health-filter"),
+            ProfilePluginRef(plugin_ref="saturation-filter"),
             ProfilePluginRef(plugin_ref="prefix-cache-scorer", weight=3.0),
             ProfilePluginRef(plugin_ref="queue-scorer", weight=2.0),
             ProfilePluginRef(plugin_ref="kv-utilization-scorer", weight=2.0),
@@ -154,6 +255,7 @@ def _default_plugins() -> list[PluginSpec]:
     return [
         PluginSpec(type="approx-prefix-producer"),
         PluginSpec(type="health-filter"),
+        PluginSpec(type="saturation-filter", parameters={"max_waiting": 16, "max_kv_usage": 0.95}),
         PluginSpec(type="prefix-cache-scorer"),
         PluginSpec(type="queue-scorer"),
         PluginSpec(type="kv-utilization-scorer"),
@@ -203,6 +305,8 @@ class RouterConfig(StrictModel):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
     prefix_hashing: PrefixHashingConfig = Field(default_factory=PrefixHashingConfig)
     plugins: list[PluginSpec] = Field(default_factory=_default_plugins)
     profile: ProfileConfig = Field(default_factory=ProfileConfig)

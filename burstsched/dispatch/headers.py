@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 HOP_BY_HOP = frozenset(
@@ -27,27 +28,47 @@ FORWARDED_REQUEST_HEADERS = frozenset(
 _DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {b"content-length", b"date", b"server"}
 
 ENDPOINT_HEADER = b"x-burstsched-endpoint"
+ATTEMPTS_HEADER = b"x-burstsched-attempts"
+"""How many endpoints were tried for the response (more than 1: it failed over)."""
 REQUEST_ID_HEADER = b"x-request-id"
+_UNSAFE_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+"""Control characters (CR and LF among them) that must never reach an upstream request's head."""
 
 
 def upstream_request_headers(
     client_headers: Iterable[tuple[bytes, bytes]], request_id: str
 ) -> list[tuple[bytes, bytes]]:
-    """The client's forwardable headers, ``x-request-id`` set, and no compression asked of the replica."""
-    out = [(k, v) for k, v in client_headers if k in FORWARDED_REQUEST_HEADERS and k != REQUEST_ID_HEADER]
+    """The client's forwardable headers, ``x-request-id`` set, and no compression asked of the replica.
+
+    A header value with control characters is dropped (an unsafe request id is replaced by ``request_id``'s
+    safe rendering), so nothing a client sends can add lines to the upstream request's head.
+    """
+    out = [
+        (k, v)
+        for k, v in client_headers
+        if k in FORWARDED_REQUEST_HEADERS and k != REQUEST_ID_HEADER and not _UNSAFE_VALUE.search(v)
+    ]
     if not any(k == b"content-type" for k, _ in out):
         out.append((b"content-type", b"application/json"))  # the body was validated as JSON
-    out.append((REQUEST_ID_HEADER, request_id.encode("latin-1")))
+    rid = request_id.encode("latin-1", errors="replace")
+    out.append((REQUEST_ID_HEADER, _UNSAFE_VALUE.sub(b"?", rid)))
     out.append((b"accept-encoding", b"identity"))
     return out
 
 
 def client_response_headers(
-    upstream_headers: Iterable[tuple[bytes, bytes]], endpoint: str, *, content_length: int | None
+    upstream_headers: Iterable[tuple[bytes, bytes]],
+    endpoint: str,
+    *,
+    content_length: int | None,
+    attempts: int | None = None,
 ) -> list[tuple[bytes, bytes]]:
-    """The replica's end-to-end headers, our own length (when known) and the serving endpoint's name."""
+    """The replica's end-to-end headers, our own length (when known), the serving endpoint's name and
+    how many endpoints were tried (``attempts``, when given)."""
     out = [(k.lower(), v) for k, v in upstream_headers if k.lower() not in _DROPPED_RESPONSE_HEADERS]
     if content_length is not None:
         out.append((b"content-length", str(content_length).encode()))
     out.append((ENDPOINT_HEADER, endpoint.encode()))
+    if attempts is not None:
+        out.append((ATTEMPTS_HEADER, str(attempts).encode()))
     return out

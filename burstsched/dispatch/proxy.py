@@ -1,8 +1,12 @@
 """Upstream proxying with failover before the first byte and an error event after it.
 
 The response is written straight to the ASGI ``send``: a streaming (SSE) response is forwarded chunk by
-chunk as it arrives; any other response is read whole first, so a failure while reading it can still move
-the request to the next endpoint. A client disconnect cancels the upstream request.
+chunk as it arrives, once its first chunk came (a replica that fails between its headers and its first chunk
+still lets the request move on); any other response is read whole first, so a failure while reading it can
+still move the request to the next endpoint. Endpoints whose circuit is open are tried last. A client
+disconnect cancels the upstream request. A request past its deadline, or still running when a shutdown's
+drain time is up, ends early: with an error event and ``[DONE]`` when its stream has begun, else with a
+504 (deadline) or 503 (shutdown) error body.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,8 +26,9 @@ from burstsched.dispatch.upstream import Upstream, UpstreamResponse
 from burstsched.errors import error_body, sse_error_event
 from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
 from burstsched.metrics import RouterMetrics
-from burstsched.pool import EndpointPool
+from burstsched.pool import CircuitState, EndpointPool
 from burstsched.request import ParsedRequest
+from burstsched.shutdown import Drainer
 
 if TYPE_CHECKING:
     from burstsched.telemetry import RequestTrace, UpstreamSpan
@@ -44,6 +49,11 @@ class _Exchange:
     outcome: str = "upstream_error"
     complete: bool = False
     client_gone: bool = False
+    started: bool = False
+    """The response's head went to the client (a stream: its first chunk too)."""
+    attempts: int = 0
+    abort_reason: str | None = None
+    """Why the request was ended early (``shutdown``), when it was; a deadline leaves it None."""
     trace: RequestTrace | None = None
     span: UpstreamSpan | None = None
     """The current attempt's CLIENT span (tracing on only)."""
@@ -75,6 +85,8 @@ class Dispatcher:
         on_dispatch: DispatchHookFn,
         max_attempts: int,
         timeouts: httpx.Timeout,
+        first_byte_timeout_s: float | None = None,
+        drainer: Drainer | None = None,
     ) -> None:
         self._upstream = upstream
         self._pool = pool
@@ -82,6 +94,8 @@ class Dispatcher:
         self._on_dispatch = on_dispatch
         self._max_attempts = max_attempts
         self._timeouts = timeouts.as_dict()
+        self._first_byte_timeout = first_byte_timeout_s
+        self._drainer = drainer
 
     async def forward(
         self,
@@ -93,10 +107,12 @@ class Dispatcher:
         send: Send,
         *,
         trace: RequestTrace | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Serve the client from the best endpoint that answers; never raises for upstream failures.
 
         A client disconnect cancels this task (and with it the upstream request) through a watcher task.
+        ``deadline`` (event-loop time) ends the request early, like a shutdown's abort.
         """
         exchange = _Exchange(trace=trace)
         task = asyncio.current_task()
@@ -110,8 +126,18 @@ class Dispatcher:
                 task.cancel()
 
         watcher.add_done_callback(on_disconnect)
+        guard = asyncio.timeout_at(deadline)
         try:
-            await self._attempts(parsed, request, decision, headers, send, exchange)
+            async with guard:
+                done = self._track(guard, exchange)
+                try:
+                    await self._attempts(parsed, request, decision, headers, send, exchange)
+                finally:
+                    done()
+        except TimeoutError:
+            if not guard.expired():
+                raise
+            await self._end_early(send, exchange, stream=parsed.stream)
         except asyncio.CancelledError:
             if not exchange.client_gone or task.uncancel() > 0:
                 raise
@@ -121,6 +147,33 @@ class Dispatcher:
             self._metrics.request_done(exchange.endpoint, exchange.outcome)
             if trace is not None:
                 trace.served(exchange.endpoint, exchange.outcome)
+
+    def _track(self, guard: asyncio.Timeout, exchange: _Exchange) -> Callable[[], None]:
+        """Register the request with the drainer: its abort expires ``guard`` now."""
+        if self._drainer is None:
+            return lambda: None
+
+        def abort() -> None:
+            if not guard.expired() and not exchange.complete:
+                exchange.abort_reason = "shutdown"
+                guard.reschedule(asyncio.get_running_loop().time())
+
+        return self._drainer.register(abort)
+
+    async def _end_early(self, send: Send, exchange: _Exchange, *, stream: bool) -> None:
+        """End a request cut short by its deadline or a shutdown, in the shape its client expects."""
+        if exchange.complete or (exchange.started and not stream):
+            return
+        exchange.complete = True
+        if exchange.abort_reason == "shutdown":
+            status, message, exchange.outcome = 503, "the router is shutting down", "aborted"
+        else:
+            status, message, exchange.outcome = 504, "the request took longer than its time limit", "timeout"
+        if exchange.started:
+            body = sse_error_event(status, message) + DONE_EVENT
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        else:
+            await _send_json(send, status, error_body(status, message))
 
     async def _attempts(
         self,
@@ -132,10 +185,10 @@ class Dispatcher:
         exchange: _Exchange,
     ) -> None:
         failures: list[str] = []
-        for attempt, scored in enumerate(decision.ranked[: self._max_attempts]):
-            endpoint = scored.endpoint
+        for attempt, (endpoint, claimed) in enumerate(self._candidates(decision)):
             exchange.endpoint = endpoint.name
             exchange.outcome = "cancelled"
+            exchange.attempts = attempt + 1
             self._on_dispatch(request, endpoint)
             self._pool.acquire(endpoint.name)
             if exchange.trace is not None:
@@ -153,13 +206,31 @@ class Dispatcher:
                     exchange.span.failed(failed.result, failed.message)
             finally:
                 self._pool.release(endpoint.name)
+                self._pool.end_attempt(endpoint.name, claimed)
                 if exchange.span is not None:
                     exchange.span.end()
                     exchange.span = None
         exchange.outcome = "upstream_error"
-        message = "no endpoint could serve the request: " + "; ".join(failures)
+        message = "no endpoint could serve the request: " + "; ".join(failures or ["none was tried"])
         exchange.complete = True
         await _send_json(send, 502, error_body(502, message))
+
+    def _candidates(self, decision: Decision) -> Iterator[tuple[EndpointSnapshot, CircuitState]]:
+        """Up to ``max_attempts`` endpoints in ranked order, each claimed from its circuit; those whose
+        circuit refuses come last, tried only when no other endpoint is left."""
+        refused: list[EndpointSnapshot] = []
+        tried = 0
+        for scored in decision.ranked:
+            if tried >= self._max_attempts:
+                return
+            claimed = self._pool.begin_attempt(scored.endpoint.name)
+            if claimed is None:
+                refused.append(scored.endpoint)
+                continue
+            tried += 1
+            yield scored.endpoint, claimed
+        for endpoint in refused[: self._max_attempts - tried]:
+            yield endpoint, CircuitState.CLOSED
 
     async def _attempt(
         self,
@@ -172,9 +243,13 @@ class Dispatcher:
         name = endpoint.name
         try:
             sent = list(headers) if exchange.span is None else exchange.span.inject(headers)
-            upstream = await self._upstream.request(
-                "POST", endpoint.url + parsed.api.path, sent, parsed.body, self._timeouts
-            )
+            async with asyncio.timeout(self._first_byte_timeout if parsed.stream else None):
+                upstream = await self._upstream.request(
+                    "POST", endpoint.url + parsed.api.path, sent, parsed.body, self._timeouts
+                )
+        except TimeoutError:
+            self._pool.report_failure(name, unreachable=False)
+            raise _AttemptFailed("timeout", "no response head within the first-byte timeout") from None
         except httpx.TimeoutException as exc:
             self._pool.report_failure(name, unreachable=isinstance(exc, httpx.ConnectTimeout))
             raise _AttemptFailed("timeout", f"timed out ({type(exc).__name__})") from None
@@ -204,18 +279,26 @@ class Dispatcher:
                 exchange.span.body(body)
             exchange.outcome = "ok" if status < 400 else "client_error"
             exchange.complete = True
-            response_headers = client_response_headers(upstream.headers, name, content_length=len(body))
+            response_headers = client_response_headers(
+                upstream.headers, name, content_length=len(body), attempts=exchange.attempts
+            )
+            exchange.started = True
             await send({"type": "http.response.start", "status": status, "headers": response_headers})
             await send({"type": "http.response.body", "body": body, "more_body": False})
         finally:
             await upstream.aclose()
 
     async def _stream(self, upstream: UpstreamResponse, name: str, send: Send, exchange: _Exchange) -> None:
+        chunks = upstream.iter_body()
+        first = await self._first_chunk(chunks, name)
         self._pool.report_success(name)
         self._metrics.attempt(name, "ok")
-        response_headers = client_response_headers(upstream.headers, name, content_length=None)
-        await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
+        response_headers = client_response_headers(
+            upstream.headers, name, content_length=None, attempts=exchange.attempts
+        )
         exchange.outcome = "stream_error"
+        exchange.started = True
+        await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
         is_sse = any(
             k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in upstream.headers
         )
@@ -223,11 +306,14 @@ class Dispatcher:
         failure: str | None = None
         span = exchange.span
         try:
-            async for chunk in upstream.iter_body():
-                if span is not None:
-                    span.chunk(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                tail = (tail + chunk)[-32:]
+            chunk: bytes | None = first
+            while chunk is not None:
+                if chunk:
+                    if span is not None:
+                        span.chunk(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    tail = (tail + chunk)[-32:]
+                chunk = await anext(chunks, None)
         except httpx.HTTPError as exc:
             failure = f"upstream {name} failed mid-stream: {type(exc).__name__}"
         except Exception as exc:  # any failure after the first byte still ends the stream properly
@@ -252,6 +338,18 @@ class Dispatcher:
         exchange.outcome = "ok"
         exchange.complete = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _first_chunk(self, chunks: AsyncIterator[bytes], name: str) -> bytes:
+        """The stream's first non-empty chunk; a failure before it still lets the request move on."""
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    return chunk
+        except httpx.HTTPError as exc:
+            self._pool.report_failure(name, unreachable=False)
+            raise _AttemptFailed("read_error", f"{type(exc).__name__} before the first chunk") from None
+        self._pool.report_failure(name, unreachable=False)
+        raise _AttemptFailed("read_error", "the stream ended before its first chunk")
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

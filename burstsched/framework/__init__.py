@@ -3,7 +3,16 @@
 Plugins import from here only; the engine lives in :mod:`burstsched.scheduling`.
 """
 
-from burstsched.framework.plugins import DispatchHook, Filter, Picker, Plugin, Producer, Resettable, Scorer
+from burstsched.framework.plugins import (
+    DispatchHook,
+    EndpointForgetter,
+    Filter,
+    Picker,
+    Plugin,
+    Producer,
+    Resettable,
+    Scorer,
+)
 from burstsched.framework.registry import (
     ENTRY_POINT_GROUP,
     PluginContext,
@@ -21,6 +30,7 @@ __all__ = [
     "CycleState",
     "Decision",
     "DispatchHook",
+    "EndpointForgetter",
     "EndpointSnapshot",
     "Filter",
     "Picker",

@@ -76,3 +76,10 @@ class Resettable(Plugin, Protocol):
     """Holds learned state (e.g. a prefix index) that can be dropped."""
 
     def reset(self) -> None: ...
+
+
+@runtime_checkable
+class EndpointForgetter(Plugin, Protocol):
+    """Holds per-endpoint learned state to drop when that endpoint goes away (killed, failing its checks)."""
+
+    def forget_endpoint(self, endpoint: str) -> None: ...

@@ -1,9 +1,13 @@
 """The endpoint pool: scraping, health and in-flight counts of the replicas."""
 
+from burstsched.pool.circuit import CircuitBreaker, CircuitSettings, CircuitState
 from burstsched.pool.pool import FAILURES_BEFORE_UNHEALTHY, EndpointPool, Fetch, UnknownEndpointError
 from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMetrics, parse_vllm_metrics
 
 __all__ = [
+    "CircuitBreaker",
+    "CircuitSettings",
+    "CircuitState",
     "FAILURES_BEFORE_UNHEALTHY",
     "EndpointPool",
     "Fetch",

@@ -2,8 +2,12 @@
 
 Scrapes ``/metrics`` every ``scrape_interval_ms`` and checks ``/health`` (and ``/v1/models``) every
 ``health_check_interval_ms``, one task per endpoint and kind, so a slow replica delays nobody else. A failing
-``/metrics`` only makes that endpoint stale; a refused connection (scrape, check or dispatch) marks it
-unhealthy until its next successful health check.
+``/metrics`` only makes that endpoint stale; a refused connection (scrape, check or dispatch), or
+``failed_checks_before_down`` failed health checks in a row, mark it unhealthy until its next successful
+health check. Failed dispatches (timeouts, 5xx) feed a per-endpoint
+circuit breaker (:mod:`burstsched.pool.circuit`): an open circuit hides the endpoint from scheduling (its
+snapshot reads unhealthy) until a probe request succeeds. When an endpoint turns unhealthy, ``on_down`` is
+told its name (the router drops its prefix-index entries: a replica that comes back has lost its cache).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import httpx
 
 from burstsched.config import EndpointConfig, PoolConfig
 from burstsched.framework import EndpointSnapshot
+from burstsched.pool.circuit import CircuitBreaker, CircuitSettings, CircuitState
 from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMetrics
 
 log = logging.getLogger(__name__)
@@ -26,8 +31,8 @@ log = logging.getLogger(__name__)
 Fetch = Callable[[str, float], Awaitable[tuple[int, bytes]]]
 """``fetch(url, timeout_s) -> (status, body)``: a GET for scrapes; raises httpx's transport errors."""
 
-FAILURES_BEFORE_UNHEALTHY = 3
-"""Consecutive failed dispatches (timeouts, 5xx) that mark an endpoint unhealthy until its next check."""
+FAILURES_BEFORE_UNHEALTHY = CircuitSettings().failure_threshold
+"""Consecutive failed dispatches (timeouts, 5xx) that open an endpoint's circuit, by default."""
 
 
 @dataclass(slots=True)
@@ -39,9 +44,11 @@ class _EndpointState:
     last_scrape: float = -math.inf
     in_flight: int = 0
     failures: int = 0
+    failed_checks: int = 0
     model_cards: tuple[dict[str, Any], ...] | None = None
     card_ids: frozenset[str] | None = None
     parser: MetricsParser = field(default_factory=MetricsParser)
+    circuit: CircuitBreaker | None = None
 
 
 class UnknownEndpointError(KeyError):
@@ -60,8 +67,15 @@ class EndpointPool:
         clock: Callable[[], float],
         models: Sequence[str] = (),
         fetch: Fetch | None = None,
+        circuit: CircuitSettings | None = None,
+        on_down: Callable[[str], None] | None = None,
     ) -> None:
-        self._states = {e.endpoint_name: _EndpointState(e.endpoint_name, e.url) for e in endpoints}
+        settings = circuit if circuit is not None else CircuitSettings()
+        self._states = {
+            e.endpoint_name: _EndpointState(e.endpoint_name, e.url, circuit=CircuitBreaker(settings, clock))
+            for e in endpoints
+        }
+        self._on_down = on_down
         self._client = client
         self._fetch = fetch if fetch is not None else self._client_fetch
         self._config = config
@@ -85,7 +99,7 @@ class EndpointPool:
         return EndpointSnapshot(
             name=state.name,
             url=state.url,
-            healthy=state.healthy,
+            healthy=state.healthy and self._circuit(state).admits(),
             stale=age > self._staleness,
             metrics_age=age,
             waiting=metrics.waiting,
@@ -163,16 +177,49 @@ class EndpointPool:
         state.in_flight = max(0, state.in_flight - 1)
 
     def report_success(self, name: str) -> None:
-        self._state(name).failures = 0
+        state = self._state(name)
+        state.failures = 0
+        self._circuit(state).record_success()
 
     def report_failure(self, name: str, *, unreachable: bool) -> None:
-        """A dispatch failed; an unreachable endpoint (or one failing repeatedly) turns unhealthy."""
+        """A dispatch failed: it counts towards the circuit; an unreachable endpoint turns unhealthy now."""
         state = self._state(name)
         state.failures += 1
-        if unreachable or state.failures >= FAILURES_BEFORE_UNHEALTHY:
-            if state.healthy:
-                log.warning("endpoint %s marked unhealthy after a failed dispatch", name)
-            state.healthy = False
+        circuit = self._circuit(state)
+        was_closed = circuit.state is CircuitState.CLOSED
+        circuit.record_failure()
+        if was_closed and circuit.state is CircuitState.OPEN:
+            log.warning("endpoint %s: circuit opened after %d failed dispatches", name, state.failures)
+        if unreachable:
+            self._mark_down(state, "a refused or timed-out connection")
+
+    def begin_attempt(self, name: str) -> CircuitState | None:
+        """Claim a dispatch to ``name`` from its circuit: how it was admitted (half-open: as the probe), or
+        None when the circuit refuses it now. Pair a claim with :meth:`end_attempt`."""
+        circuit = self._circuit(self._state(name))
+        state = circuit.state
+        return state if circuit.begin() else None
+
+    def end_attempt(self, name: str, claimed: CircuitState) -> None:
+        """The attempt claimed with :meth:`begin_attempt` is over (its verdict, if any, was reported)."""
+        if claimed is CircuitState.HALF_OPEN:
+            self._circuit(self._state(name)).end()
+
+    def circuit_state(self, name: str) -> CircuitState:
+        return self._circuit(self._state(name)).state
+
+    @staticmethod
+    def _circuit(state: _EndpointState) -> CircuitBreaker:
+        assert state.circuit is not None
+        return state.circuit
+
+    def _mark_down(self, state: _EndpointState, why: str) -> None:
+        if not state.healthy:
+            return
+        state.healthy = False
+        log.warning("endpoint %s marked unhealthy after %s", state.name, why)
+        if self._on_down is not None:
+            self._on_down(state.name)
 
     # --- background work ------------------------------------------------------------------------------------
 
@@ -216,7 +263,7 @@ class EndpointPool:
                 raise MetricsFormatError(f"/metrics answered HTTP {status}")
             metrics = state.parser.parse(body.decode("utf-8", errors="replace"))
         except (httpx.ConnectError, httpx.ConnectTimeout):
-            state.healthy = False
+            self._mark_down(state, "a refused scrape")
             return
         except (httpx.HTTPError, MetricsFormatError) as exc:
             log.debug("scrape of %s failed: %s", name, exc)
@@ -232,22 +279,28 @@ class EndpointPool:
         """``GET /health`` (and ``/v1/models`` when healthy) for ``name``."""
         state = self._state(name)
         timeout = self._config.health_check_timeout_ms / 1000.0
+        refused = False
         try:
             response = await self._client.get(f"{state.url}/health", timeout=timeout)
             healthy = response.status_code == 200
+        except httpx.ConnectError:
+            healthy, refused = False, True
         except httpx.HTTPError:
             healthy = False
-        if healthy and not state.healthy:
+        if not healthy:
+            state.failed_checks += 1
+            if refused or state.failed_checks >= self._config.failed_checks_before_down:
+                self._mark_down(state, "a refused health check" if refused else "failed health checks")
+            return
+        if not state.healthy:
             log.info("endpoint %s is healthy", name)
-        elif state.healthy and not healthy:
-            log.warning("endpoint %s failed its health check", name)
-        state.healthy = healthy
-        if healthy:
-            state.failures = 0
-            cards = await self._fetch_models(state.url, timeout_s=timeout)
-            if cards is not None and cards != state.model_cards:
-                state.model_cards = cards
-                state.card_ids = frozenset(str(card.get("id")) for card in cards)
+        state.healthy = True
+        state.failures = 0
+        state.failed_checks = 0
+        cards = await self._fetch_models(state.url, timeout_s=timeout)
+        if cards is not None and cards != state.model_cards:
+            state.model_cards = cards
+            state.card_ids = frozenset(str(card.get("id")) for card in cards)
 
     async def _fetch_models(self, url: str, *, timeout_s: float) -> tuple[dict[str, Any], ...] | None:
         try:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from burstsched.framework import (
     CycleState,
     Decision,
+    EndpointForgetter,
     EndpointSnapshot,
     SchedRequest,
     ScoredEndpoint,
@@ -114,3 +115,9 @@ class Scheduler:
         """Drop every plugin's learned state (e.g. the prefix index)."""
         for plugin in self.profile.resettables:
             plugin.reset()
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        """Drop what the plugins learned about ``endpoint`` (it went away; its cache is gone with it)."""
+        for plugin in self.profile.plugins:
+            if isinstance(plugin, EndpointForgetter):
+                plugin.forget_endpoint(endpoint)

@@ -63,6 +63,10 @@ class ApproxPrefixProducer:
     def reset(self) -> None:
         self.index.clear()
 
+    def forget_endpoint(self, endpoint: str) -> None:
+        """``endpoint`` went away: its entries expire (a replica that comes back starts cold)."""
+        self.index.remove_endpoint(endpoint)
+
     def _update_capacity(self, endpoint: EndpointSnapshot, block_tokens: int) -> None:
         tokens = endpoint.capacity_tokens
         if tokens is not None:

@@ -77,6 +77,18 @@ class PrefixIndex:
         self._lru.clear()
         self._owners.clear()
 
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Drop every block ``endpoint`` holds (its capacity setting stays)."""
+        lru = self._lru.pop(endpoint, None)
+        if lru is None:
+            return
+        for block in lru:
+            owners = self._owners.get(block)
+            if owners is not None:
+                owners.discard(endpoint)
+                if not owners:
+                    del self._owners[block]
+
     def _evict(self, endpoint: str) -> None:
         lru = self._lru.get(endpoint)
         if lru is None:

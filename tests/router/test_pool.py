@@ -125,6 +125,7 @@ async def test_repeated_dispatch_failures_mark_unhealthy_until_the_next_check() 
         assert pool.snapshot("r1").healthy
         pool.report_failure("r1", unreachable=False)
         assert not pool.snapshot("r1").healthy
+        clock.now += 1.0  # the circuit's wait (a passing health check does not close it)
         await pool.check_health("r1")
         assert pool.snapshot("r1").healthy
         pool.report_failure("r1", unreachable=True)  # a refused connection counts at once
