@@ -1,7 +1,10 @@
 """Assignment: each group of a window to endpoints (a pure function).
 
 A group goes to the endpoint its ranking puts first. It stays there up to a cap: ``max_per_endpoint``, and,
-when the window holds several groups, the fair share ``ceil(window requests / endpoints) x factor``. The rest
+when the window holds several shared groups (two or more members each), the fair share
+``ceil(requests in shared groups / endpoints) x factor``. Lone requests neither trigger nor widen the fair
+share: a few unrelated arrivals in the window must not split a hot burst over replicas that would each
+compute its prefix again. The rest
 spill to the next endpoint of a fresh ranking (which then computes the prefix once as well). Only when every
 ranked endpoint holds a full cap of the group does the cap grow, one request per endpoint at a time.
 """
@@ -72,10 +75,15 @@ def group_cap(window_size: int, endpoint_count: int, group_count: int, limits: L
     return cap
 
 
+def window_cap(groups: Sequence[Group], endpoint_count: int, limits: Limits) -> int:
+    """The cap of every group of this window: the fair share counts shared groups only."""
+    shared = [group for group in groups if group.size > 1]
+    return group_cap(sum(group.size for group in shared), endpoint_count, len(shared), limits)
+
+
 def assign(groups: Sequence[Group], rank: Rank, limits: Limits, endpoint_count: int) -> dict[str, Slot]:
     """Place every request of ``groups`` (in the order given), returning request id -> slot."""
-    window_size = sum(group.size for group in groups)
-    cap = group_cap(window_size, endpoint_count, len(groups), limits)
+    cap = window_cap(groups, endpoint_count, limits)
     pending: dict[str, int] = {}
     slots: dict[str, Slot] = {}
     for index, group in enumerate(groups):

@@ -44,9 +44,10 @@ class AdmissionConfig(BaseModel):
     fair_share_factor: float | None = Field(
         default=2.0,
         ge=1.0,
-        description="When a window holds several groups, a group takes at most "
-        "ceil(window requests / endpoints) x this factor on one endpoint before spilling. Higher keeps hot "
-        "groups together (prefix computed once), lower spreads them. null turns the fair-share bound off.",
+        description="When a window holds several shared groups (two or more members each), a group takes at "
+        "most ceil(requests in shared groups / endpoints) x this factor on one endpoint before spilling. "
+        "Higher keeps hot groups together (prefix computed once), lower spreads them. null turns the "
+        "fair-share bound off.",
     )
     bypass_warm: bool = Field(
         default=True,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstsched.admission.assign import Limits, Role, Slot, assign, group_cap
+from burstsched.admission.assign import Limits, Role, Slot, assign, group_cap, window_cap
 from burstsched.admission.errors import NoEndpointAvailable
 from burstsched.admission.grouping import Group
 
@@ -135,7 +135,7 @@ def test_assignment_properties(window: tuple[list[Group], list[str], dict[str, i
     groups, endpoints, base, limits = window
     rank = LeastLoaded(endpoints, base=base)
     slots = assign(groups, rank, limits, len(endpoints))
-    cap = group_cap(sum(g.size for g in groups), len(endpoints), len(groups), limits)
+    cap = window_cap(groups, len(endpoints), limits)
 
     assert sorted(slots) == sorted(m for g in groups for m in g.members)
     assert all(slot.endpoint in endpoints for slot in slots.values())
@@ -164,3 +164,15 @@ def test_assignment_properties(window: tuple[list[Group], list[str], dict[str, i
         assert used == {slots[m].endpoint for m in group.members[: group.size - size]}
         running[target] += run
     assert sum(running.values()) == len(slots)
+
+
+def test_lone_requests_do_not_split_a_hot_burst() -> None:
+    """Unrelated single requests in the window neither trigger nor shrink the fair share."""
+    burst = make_group("b.", 32, (1,))
+    lone = [make_group(f"s{i}.", 1, (10 + i,)) for i in range(3)]
+    endpoints = ["e0", "e1", "e2", "e3"]
+    slots = assign([burst, *lone], LeastLoaded(endpoints), Limits(32, 2.0), len(endpoints))
+    assert len(per_endpoint(slots, burst)) == 1
+    two_bursts = [burst, make_group("c.", 32, (2,))]
+    slots = assign(two_bursts, LeastLoaded(endpoints), Limits(64, 1.0), len(endpoints))
+    assert len(per_endpoint(slots, burst)) == 2  # two hot groups on four endpoints: cap 16 each
