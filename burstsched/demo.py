@@ -35,16 +35,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config-dir", type=Path, default=Path("config"), help="folder of the policy configs"
     )
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="comma-separated config names from --config-dir, rotated each round",
+    )
 
 
-def policy_order(round_index: int) -> tuple[str, str]:
-    """The seed's order: random first in even rounds, prefix-aware first in odd ones."""
-    return POLICIES if round_index % 2 == 0 else (POLICIES[1], POLICIES[0])
+def policy_order(policies: list[str], round_index: int) -> list[str]:
+    """The seed's order, rotated each round: with two policies a→b, b→a, a→b."""
+    shift = round_index % len(policies)
+    return policies[shift:] + policies[:shift]
 
 
 async def run_demo(args: argparse.Namespace) -> dict[str, list[PairRecord]]:
     backend: Backend = args.backend
-    records: dict[str, list[PairRecord]] = {p: [] for p in POLICIES}
+    policies = args.policies.split(",")
+    records: dict[str, list[PairRecord]] = {p: [] for p in policies}
     async with (
         open_pool(backend, 2, time_scale=args.time_scale) as pool,
         httpx.AsyncClient(timeout=120) as client,
@@ -53,7 +60,7 @@ async def run_demo(args: argparse.Namespace) -> dict[str, list[PairRecord]]:
             contexts = await make_contexts(
                 client, pool.replicas[0], pool.model, args.pairs, args.context_tokens, f"r{round_index}"
             )
-            for policy in policy_order(round_index):
+            for policy in policy_order(policies, round_index):
                 started = time.perf_counter()
                 records[policy] += await _run_policy(client, pool, policy, contexts, args)
                 print(
@@ -75,7 +82,7 @@ async def _run_policy(
 
 def run(args: argparse.Namespace) -> int:
     records = anyio.run(run_demo, args)
-    summaries = [summarize(policy, records[policy]) for policy in POLICIES]
+    summaries = [summarize(policy, pairs) for policy, pairs in records.items()]
     print()
     print(format_table(summaries))
     if args.json is not None:

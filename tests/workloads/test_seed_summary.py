@@ -31,3 +31,12 @@ def test_summary_counts_returns_hits_and_splits_warm_and_cold() -> None:
     table = format_table([s])
     assert "2/3 (66.7%)" in table
     assert "66.56%" in table
+
+
+def test_policy_order_follows_the_seed_and_rotates() -> None:
+    from burstsched.demo import policy_order
+
+    two = ["random", "prefix-aware"]
+    assert [policy_order(two, r) for r in range(3)] == [two, two[::-1], two]
+    three = ["a", "b", "c"]
+    assert [policy_order(three, r)[0] for r in range(3)] == ["a", "b", "c"]
