@@ -176,6 +176,7 @@ async def _refused(url: str) -> bool:
     async with httpx.AsyncClient(timeout=2) as fresh:
         try:
             await fresh.get(f"{url}/health")
-        except httpx.ConnectError:
+        except (httpx.ConnectError, httpx.RemoteProtocolError):
+            # refused, or (while uvicorn closes its socket) accepted from the backlog and closed unanswered
             return True
     return False
