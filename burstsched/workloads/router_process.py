@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,16 +18,11 @@ from pathlib import Path
 import anyio
 import httpx
 
+from burstsched.testing.ports import free_port
+
 
 class RouterStartError(RuntimeError):
     """The router did not become ready in time; the message carries its log's tail."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, lines: int = 30) -> str:

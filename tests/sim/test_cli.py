@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 
 from burstsched.sim import SimConfig
 from burstsched.sim.cli import add_arguments, config_from_args, run
+from burstsched.testing.ports import free_port
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -65,15 +65,8 @@ def test_invalid_settings_exit_with_2(capsys: pytest.CaptureFixture[str]) -> Non
     assert "block_size" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_the_command_serves_and_stops_on_sigint() -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "burstsched", "sim", "--port", str(port), "--time-scale", "0.01"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
