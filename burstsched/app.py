@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import anyio
 import httpx
@@ -37,11 +38,8 @@ from burstsched.auth import AuthMiddleware, AuthSettings
 from burstsched.config import RouterConfig
 from burstsched.dispatch import Dispatcher, LeanTransport, getter, upstream_for, upstream_request_headers
 from burstsched.errors import error_response
-from burstsched.framework import (
-    ApiKind,
-    PluginContext,
-    PluginRegistry,
-)
+from burstsched.framework import ApiKind, KVEventConsumer, PluginContext, PluginRegistry
+from burstsched.kvcache import KVEventHub, stream_addresses
 from burstsched.limits import BodyDeadlineMiddleware
 from burstsched.metrics import CONTENT_TYPE, RouterMetrics
 from burstsched.pool import CircuitSettings, EndpointPool
@@ -49,6 +47,7 @@ from burstsched.request import ClientDisconnected, RequestError, parse_request, 
 from burstsched.scheduling import Scheduler, build_scheduler
 from burstsched.shutdown import Drainer, RefuseWhileDraining
 from burstsched.telemetry import RequestTrace, Tracing, resolve_tracing
+from burstsched.tokenization import PromptTokenizer, TokenizationError, build_prompt_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +66,9 @@ class Router:
     metrics: RouterMetrics
     admission: Admission
     tracing: Tracing | None = None
+    tokenizer: PromptTokenizer | None = None
+    """Turns prompts into the engine's token ids for the precise prefix index (None: not used)."""
+    hub: KVEventHub | None = None
 
     async def handle_completion(
         self, api: ApiKind, scope: Scope, receive: Receive, send: Send, trace: RequestTrace | None = None
@@ -95,7 +97,8 @@ class Router:
             await response(scope, receive, send)
             return
         request_id = header_map.get("x-request-id") or uuid.uuid4().hex
-        request = parsed.to_sched_request(request_id, model, self.config.prefix_hashing)
+        token_ids = await self._token_ids(api, parsed.payload)
+        request = parsed.to_sched_request(request_id, model, self.config.prefix_hashing, token_ids)
         if trace is not None:
             trace.describe(parsed.payload, chat=api is ApiKind.CHAT, model=model, request_id=request_id)
         candidates = self.pool.snapshots(model)
@@ -122,9 +125,33 @@ class Router:
         if trace is not None:
             trace.admitted(admitted)
         headers = upstream_request_headers(client_headers, request_id)
+        prefill_cap = None
+        if str(admitted.role) == "member":  # its group's prefix is computed once, by the group's first
+            prefill_cap = max(0, request.prompt_tokens - admitted.shared_blocks * request.block_tokens)
         await self.dispatcher.forward(
-            parsed, request, decision, headers, receive, send, trace=trace, deadline=deadline
+            parsed,
+            request,
+            decision,
+            headers,
+            receive,
+            send,
+            trace=trace,
+            deadline=deadline,
+            prefill_cap=prefill_cap,
         )
+
+    async def _token_ids(self, api: ApiKind, payload: dict[str, Any]) -> tuple[int, ...] | None:
+        """The prompt's engine token ids; None (the approximate index decides) when they cannot be exact."""
+        if self.tokenizer is None:
+            return None
+        try:
+            token_ids = await self.tokenizer.prompt_token_ids(api, payload)
+        except TokenizationError as exc:
+            self.metrics.tokenized("fallback")
+            log.debug("no exact token ids (%s): the approximate index decides", exc)
+            return None
+        self.metrics.tokenized("ok")
+        return token_ids
 
     def _resolve_model(self, model: str | None) -> str:
         if model is None:
@@ -193,6 +220,49 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     return error_response(500, "internal error in the router")
 
 
+def _event_hub(
+    config: RouterConfig, consumers: list[KVEventConsumer], metrics: RouterMetrics
+) -> KVEventHub | None:
+    """The KV-event hub when the profile has a consumer (the precise prefix producer)."""
+    if not consumers:
+        return None
+    addresses = stream_addresses(config.endpoints, config.kv_events)
+    missing = {e.endpoint_name for e in config.endpoints} - {a.endpoint for a in addresses}
+    if missing:
+        log.warning(
+            "no KV-event address for %s (set kv_events.endpoint_template or the endpoint's kv_events): "
+            "their prefix matches come from the approximate index",
+            ", ".join(sorted(missing)),
+        )
+    kv = config.kv_events
+    return KVEventHub(
+        addresses,
+        consumers,
+        topic=kv.topic,
+        replay_timeout_s=kv.replay_timeout_ms / 1000.0,
+        observer=metrics,
+    )
+
+
+def _prompt_tokenizer(
+    config: RouterConfig, needed: bool, client: httpx.AsyncClient, pool: EndpointPool
+) -> PromptTokenizer | None:
+    """The prompt tokenizer when a precise producer needs token ids and the config names a source."""
+    if not needed:
+        return None
+
+    def any_healthy_url() -> str | None:
+        return next((s.url for s in pool.snapshots() if s.healthy), None)
+
+    tokenizer = build_prompt_tokenizer(config.tokenizer, client, any_healthy_url)
+    if tokenizer is None:
+        log.warning(
+            "the profile has a precise prefix producer but tokenizer.source is none: every request is "
+            "matched by the approximate index"
+        )
+    return tokenizer
+
+
 def create_app(
     config: RouterConfig,
     *,
@@ -244,6 +314,14 @@ def create_app(
         )
         async with httpx.AsyncClient(transport=upstream, timeout=upstream_timeouts) as client:
             upstream_io = upstream_for(upstream)
+            consumers = [p for p in scheduler.profile.plugins if isinstance(p, KVEventConsumer)]
+            hub = _event_hub(config, consumers, metrics)
+
+            def endpoint_down(name: str) -> None:
+                scheduler.forget_endpoint(name)
+                if hub is not None:
+                    hub.endpoint_down(name)
+
             pool = EndpointPool(
                 config.endpoints,
                 client,
@@ -252,8 +330,9 @@ def create_app(
                 models=config.models,
                 fetch=getter(upstream_io),
                 circuit=circuit_settings,
-                on_down=scheduler.forget_endpoint,
+                on_down=endpoint_down,
             )
+            tokenizer = _prompt_tokenizer(config, bool(consumers), client, pool)
             metrics.watch_endpoints(pool.snapshots)
             metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
             dispatcher = Dispatcher(
@@ -269,10 +348,12 @@ def create_app(
             tracing = Tracing(tracing_settings) if tracing_settings is not None else None
             admission = Admission(config.admission, scheduler, pool.snapshots)
             app.state.router = Router(
-                config, client, pool, scheduler, dispatcher, metrics, admission, tracing
+                config, client, pool, scheduler, dispatcher, metrics, admission, tracing, tokenizer, hub
             )
             await pool.refresh()
             async with admission, anyio.create_task_group() as tg:
+                if hub is not None:
+                    await tg.start(hub.run)
                 tg.start_soon(pool.run)
                 try:
                     yield

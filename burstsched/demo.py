@@ -76,7 +76,7 @@ async def _run_policy(
 ) -> list[PairRecord]:
     await pool.reset_prefix_caches(client)
     config = args.config_dir / f"{policy}.yaml"
-    async with router_process(config, pool.endpoints) as router_url:
+    async with router_process(config, pool.endpoints, extra_args=pool.router_args) as router_url:
         return await run_pairs(client, router_url, pool.replicas, contexts, pool.model, args.max_tokens)
 
 

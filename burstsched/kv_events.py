@@ -11,7 +11,8 @@ with trailing defaults left out (``["BlockStored", block_hashes, parent_block_ha
 :func:`decode_batch` accepts both, even mixed in one batch; :func:`encode_batch` writes either.
 
 The replay socket (ROUTER) answers a request ``[b"", start_seq (8 bytes)]`` with one
-``[b"", seq, payload]`` per buffered batch from ``start_seq`` on, then ``[b"", seq -1, b""]``.
+``[b"", topic, seq, payload]`` per buffered batch from ``start_seq`` on, then ``[b"", b"", seq -1, b""]``
+(vLLM 0.32; older notes described the frames without the topic, and a reader accepts both).
 """
 
 from __future__ import annotations

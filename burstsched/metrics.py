@@ -47,6 +47,7 @@ _PLUGIN_BUCKETS = (
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0)
 _GROUP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+_LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -79,6 +80,17 @@ class _EndpointCollector(Collector):
             "Requests the router has in flight to the endpoint.",
             labels=["endpoint"],
         )
+        queued = GaugeMetricFamily(
+            "burstsched_endpoint_queued_prefill_tokens",
+            "Prompt tokens the router expects the endpoint to compute for requests it sent there that have "
+            "no first token yet (the cost scorer's queue).",
+            labels=["endpoint"],
+        )
+        speed = GaugeMetricFamily(
+            "burstsched_endpoint_prefill_tokens_per_second",
+            "The endpoint's prefill speed learned from its metrics (absent until known).",
+            labels=["endpoint"],
+        )
         age = GaugeMetricFamily(
             "burstsched_endpoint_metrics_age_seconds",
             "Seconds since the endpoint's last successful metrics scrape (absent before the first).",
@@ -88,9 +100,12 @@ class _EndpointCollector(Collector):
             healthy.add_metric([snap.name], 1.0 if snap.healthy else 0.0)
             stale.add_metric([snap.name], 1.0 if snap.stale else 0.0)
             in_flight.add_metric([snap.name], float(snap.in_flight))
+            queued.add_metric([snap.name], float(snap.queued_prefill_tokens))
+            if snap.prefill_tokens_per_s is not None:
+                speed.add_metric([snap.name], snap.prefill_tokens_per_s)
             if snap.metrics_age != float("inf"):
                 age.add_metric([snap.name], snap.metrics_age)
-        return [healthy, stale, in_flight, age]
+        return [healthy, stale, in_flight, queued, speed, age]
 
 
 class _IndexCollector(Collector):
@@ -221,7 +236,61 @@ class RouterMetrics:
             buckets=_RATIO_BUCKETS,
             registry=self.registry,
         )
+        self.prefix_decisions = Counter(
+            "burstsched_prefix_decisions",
+            "Scheduled requests by the prefix index that knew the chosen endpoint's match: precise (the "
+            "replica's KV events) or approximate (past routing).",
+            ["index"],
+            registry=self.registry,
+        )
+        self.tokenizations = Counter(
+            "burstsched_tokenizations",
+            "Requests the router tokenized for the precise index, by outcome: ok, or fallback (no exact "
+            "token ids: the approximate index decides).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.kv_events_counter = Counter(
+            "burstsched_kv_events",
+            "KV-cache events received from each endpoint, by type (BlockStored, BlockRemoved, "
+            "AllBlocksCleared).",
+            ["endpoint", "type"],
+            registry=self.registry,
+        )
+        self.kv_event_lag_histogram = Histogram(
+            "burstsched_kv_event_lag_seconds",
+            "Per event batch: the replica's timestamp of the batch to its arrival at the router.",
+            ["endpoint"],
+            buckets=_LAG_BUCKETS,
+            registry=self.registry,
+        )
+        self.kv_event_gaps = Counter(
+            "burstsched_kv_event_gaps",
+            "Gaps in an endpoint's event sequence (batches lost between two received ones).",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.kv_event_replays = Counter(
+            "burstsched_kv_event_replays",
+            "Replays asked of an endpoint's replay socket, by outcome (ok, partial, failed, unavailable).",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.kv_stream_resets = Counter(
+            "burstsched_kv_stream_resets",
+            "Times an endpoint's precise entries were dropped, by reason (restart, gap).",
+            ["endpoint", "reason"],
+            registry=self.registry,
+        )
+        self.kv_event_decode_errors = Counter(
+            "burstsched_kv_event_decode_errors",
+            "Messages from an endpoint's event stream that were not KV-event batches.",
+            ["endpoint"],
+            registry=self.registry,
+        )
         self._prefix_scorers: tuple[str, ...] = ()
+        self._decision_children: dict[str, Counter] = {}
+        self._lag_children: dict[str, Histogram] = {}
         self._plugin_children: dict[tuple[str, str], Histogram] = {}
         self._ttft_children: dict[str, Histogram] = {}
         self._e2e_children: dict[str, Histogram] = {}
@@ -276,6 +345,12 @@ class RouterMetrics:
         The prefix scorer's score is the producer's ``matched_blocks / total_blocks`` for the chain the
         decision was made on (for a group placed by a window, the group's shared prefix).
         """
+        prefix = decision.prefix
+        if prefix is not None:
+            child = self._decision_children.get(prefix.source)
+            if child is None:
+                child = self._decision_children[prefix.source] = self.prefix_decisions.labels(prefix.source)
+            child.inc()
         scores = decision.ranked[0].scores
         for name in self._prefix_scorers:
             ratio = scores.get(name)
@@ -288,6 +363,29 @@ class RouterMetrics:
         _child(self._wait_children, self.admission_wait, role).observe(waited_s)
         if role == "leader":
             self.group_size.observe(group_size)
+
+    def tokenized(self, outcome: str) -> None:
+        self.tokenizations.labels(outcome).inc()
+
+    # --- the KV-event hub's observer ------------------------------------------------------------------
+
+    def kv_events(self, endpoint: str, kind: str, count: int) -> None:
+        self.kv_events_counter.labels(endpoint, kind).inc(count)
+
+    def kv_event_lag(self, endpoint: str, seconds: float) -> None:
+        _child(self._lag_children, self.kv_event_lag_histogram, endpoint).observe(seconds)
+
+    def kv_event_gap(self, endpoint: str, missing: int) -> None:
+        self.kv_event_gaps.labels(endpoint).inc()
+
+    def kv_event_replay(self, endpoint: str, outcome: str) -> None:
+        self.kv_event_replays.labels(endpoint, outcome).inc()
+
+    def kv_stream_reset(self, endpoint: str, reason: str) -> None:
+        self.kv_stream_resets.labels(endpoint, reason).inc()
+
+    def kv_event_decode_error(self, endpoint: str) -> None:
+        self.kv_event_decode_errors.labels(endpoint).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -47,8 +47,15 @@ class ParsedRequest:
     cache_salt: str | None
     rendered: bytes
 
-    def to_sched_request(self, request_id: str, model: str, hashing: PrefixHashingConfig) -> SchedRequest:
-        """The scheduler's view of this request, with its block-hash chain."""
+    def to_sched_request(
+        self,
+        request_id: str,
+        model: str,
+        hashing: PrefixHashingConfig,
+        token_ids: tuple[int, ...] | None = None,
+    ) -> SchedRequest:
+        """The scheduler's view of this request, with its block-hash chain (and its engine token ids, when
+        the router tokenized it)."""
         return SchedRequest(
             request_id=request_id,
             model=model,
@@ -64,6 +71,8 @@ class ParsedRequest:
             ),
             block_tokens=hashing.block_tokens,
             prompt_tokens=pseudo_tokens(self.rendered, hashing.bytes_per_token),
+            token_ids=token_ids,
+            cache_salt=self.cache_salt,
         )
 
 

@@ -33,7 +33,15 @@ import uvicorn
 from starlette.applications import Starlette
 
 from burstsched.app import Clock, create_app
-from burstsched.config import ConfigError, LimitsConfig, RouterConfig, load_config, parse_endpoint_arg
+from burstsched.config import (
+    ConfigError,
+    LimitsConfig,
+    RouterConfig,
+    attach_kv_events,
+    load_config,
+    parse_endpoint_arg,
+    with_tokenizer,
+)
 from burstsched.framework import PluginRegistry
 from burstsched.header_guard import guarded_protocol
 from burstsched.shutdown import Drainer
@@ -54,6 +62,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="[NAME=]URL",
         help="a replica's base URL, optionally named; repeat for each; replaces the config's endpoints",
     )
+    parser.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="NAME=ADDRESS",
+        help="where endpoint NAME publishes its KV-cache events (ZMQ, e.g. tcp://10.0.0.5:5557); repeat for "
+        "each; used by the precise prefix producer",
+    )
+    parser.add_argument(
+        "--kv-events-replay",
+        action="append",
+        default=[],
+        metavar="NAME=ADDRESS",
+        help="endpoint NAME's KV-event replay socket (ZMQ ROUTER, e.g. tcp://10.0.0.5:5558); repeat for each",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="PATH|remote",
+        help="how the precise prefix producer gets prompts' token ids: the model's tokenizer folder (or "
+        "tokenizer.json), or 'remote' (a replica's POST /tokenize); replaces the config's tokenizer section",
+    )
     parser.add_argument("--log-level", default="warning", help="log level (default: %(default)s)")
 
 
@@ -61,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         endpoints = [parse_endpoint_arg(text) for text in args.endpoint]
         config = load_config(args.config, endpoints=endpoints)
+        config = attach_kv_events(config, args.kv_events, args.kv_events_replay)
+        if args.tokenizer is not None:
+            config = with_tokenizer(config, args.tokenizer)
         if not config.endpoints:
             print(
                 "burstsched serve: no endpoints (give --endpoint or list them in the config)", file=sys.stderr

@@ -52,7 +52,7 @@ async def run_one(
 ) -> BurstOutcome:
     prompts, prefix_tokens = await build_prompts(client, pool.replicas[0].url, pool.model, spec, config.stem)
     await pool.reset_prefix_caches(client)
-    async with router_process(config, pool.endpoints) as url:
+    async with router_process(config, pool.endpoints, extra_args=pool.router_args) as url:
         background: list[tuple[float, StreamResult]] = []
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:

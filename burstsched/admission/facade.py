@@ -7,7 +7,7 @@ endpoint first, then the failover order) and, for tracing and metrics, its windo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -17,7 +17,7 @@ from burstsched.admission.errors import NoEndpointAvailable
 from burstsched.admission.placement import GroupPlacer, Placed, Snapshots, warm_blocks
 from burstsched.admission.window import AdmissionWindow, Batch
 from burstsched.config.admission import AdmissionConfig
-from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
+from burstsched.framework import CycleState, Decision, EndpointSnapshot, SchedRequest
 from burstsched.scheduling import Scheduler
 
 
@@ -61,6 +61,8 @@ class Admission:
         self._scheduler = scheduler
         self._snapshots = snapshots
         self._clock: Clock = clock or LoopClock()
+        self._produced: tuple[SchedRequest, Sequence[EndpointSnapshot], CycleState] | None = None
+        """The last bypass check's request, snapshots and producer state, for its immediate scheduling."""
         self._placer = GroupPlacer(
             scheduler,
             snapshots,
@@ -112,10 +114,14 @@ class Admission:
             return True
         if not config.bypass_warm:
             return False
-        endpoints = [e for e in self._snapshots(request.model) if not self._saturated(e)]
-        if not endpoints:
+        endpoints = self._snapshots(request.model)
+        open_ = [e for e in endpoints if not self._saturated(e)]
+        if not open_:
             return False
-        matched = warm_blocks(self._scheduler, request, endpoints)
+        # the producers run once, over every endpoint: a bypassing request is scheduled on this state
+        produced = self._scheduler.produce(request, endpoints)
+        self._produced = (request, endpoints, produced)
+        matched = warm_blocks(produced, open_)
         return any(blocks >= config.min_shared_blocks for blocks in matched.values())
 
     def _saturated(self, endpoint: EndpointSnapshot) -> bool:
@@ -128,6 +134,9 @@ class Admission:
         )
 
     def _schedule_alone(self, request: SchedRequest) -> Decision:
+        produced, self._produced = self._produced, None
+        if produced is not None and produced[0] is request:  # the bypass check's snapshots and producers
+            return self._scheduler.schedule(request, produced[1], produced=produced[2])
         endpoints = self._snapshots(request.model)
         if not endpoints:
             raise NoEndpointAvailable(f"no endpoint serves model {request.model!r}")

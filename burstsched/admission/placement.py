@@ -112,15 +112,10 @@ def _first(decision: Decision, endpoint: str) -> Decision:
     if decision.ranked[0].name == endpoint:
         return decision
     head = [s for s in decision.ranked if s.name == endpoint]
-    return Decision((*head, *(s for s in decision.ranked if s.name != endpoint)))
+    return Decision((*head, *(s for s in decision.ranked if s.name != endpoint)), decision.matches)
 
 
-def warm_blocks(
-    scheduler: Scheduler, request: SchedRequest, endpoints: Sequence[EndpointSnapshot]
-) -> dict[str, int]:
-    """Leading blocks of ``request`` each endpoint holds, from the scheduler's producers (0 if none says)."""
-    state = CycleState()
-    for producer in scheduler.profile.producers:
-        producer.produce(request, endpoints, state)
-    matches = {e.name: state.get(e.name, PrefixMatch) for e in endpoints}
+def warm_blocks(produced: CycleState, endpoints: Sequence[EndpointSnapshot]) -> dict[str, int]:
+    """Leading blocks of the request each endpoint holds, from the producers' state (0 if none says)."""
+    matches = {e.name: produced.get(e.name, PrefixMatch) for e in endpoints}
     return {name: match.matched_blocks if match is not None else 0 for name, match in matches.items()}

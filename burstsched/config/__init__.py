@@ -2,7 +2,15 @@
 
 from burstsched.config.admission import AdmissionConfig
 from burstsched.config.errors import ConfigError, ConfigIssue
-from burstsched.config.loader import decode_config, load_config, parse_config_text, parse_endpoint_arg
+from burstsched.config.kv_events import KVEventsConfig
+from burstsched.config.loader import (
+    attach_kv_events,
+    decode_config,
+    load_config,
+    parse_config_text,
+    parse_endpoint_arg,
+    with_tokenizer,
+)
 from burstsched.config.models import (
     AuthConfig,
     CircuitConfig,
@@ -19,8 +27,11 @@ from burstsched.config.models import (
     TimeoutsConfig,
     TracingConfig,
 )
+from burstsched.config.tokenizer import TokenizerConfig
 
 __all__ = [
+    "attach_kv_events",
+    "with_tokenizer",
     "AdmissionConfig",
     "AuthConfig",
     "CircuitConfig",
@@ -28,6 +39,7 @@ __all__ = [
     "ConfigIssue",
     "DispatchConfig",
     "EndpointConfig",
+    "KVEventsConfig",
     "LimitsConfig",
     "PluginSpec",
     "PoolConfig",
@@ -37,6 +49,7 @@ __all__ = [
     "RouterConfig",
     "ShutdownConfig",
     "TimeoutsConfig",
+    "TokenizerConfig",
     "TracingConfig",
     "decode_config",
     "load_config",

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from burstsched.config.errors import ConfigError, ConfigIssue, issues_from_validation
 from burstsched.config.models import EndpointConfig, RouterConfig
+from burstsched.config.tokenizer import TokenizerConfig
 
 
 def decode_config(data: Any, *, source: str | None = None) -> RouterConfig:
@@ -90,3 +91,49 @@ def parse_endpoint_arg(text: str) -> EndpointConfig:
     except ValidationError as exc:
         issues = issues_from_validation(exc, prefix="--endpoint")
         raise ConfigError(issues, repr(text)) from None
+
+
+def attach_kv_events(
+    config: RouterConfig, events: Sequence[str], replays: Sequence[str] = ()
+) -> RouterConfig:
+    """``config`` with the command line's ``--kv-events NAME=ADDRESS`` (and ``--kv-events-replay``) set on
+    the named endpoints."""
+    by_flag = {"--kv-events": ("kv_events", events), "--kv-events-replay": ("kv_events_replay", replays)}
+    updates: dict[str, dict[str, str]] = {}
+    issues: list[ConfigIssue] = []
+    names = {e.endpoint_name for e in config.endpoints}
+    for flag, (field, values) in by_flag.items():
+        for text in values:
+            name, sep, address = text.partition("=")
+            if not sep or not name or not address:
+                issues.append(ConfigIssue(flag, f"expected NAME=ADDRESS, got {text!r}"))
+            elif name not in names:
+                known = ", ".join(sorted(names)) or "none"
+                issues.append(ConfigIssue(flag, f"unknown endpoint {name!r} (endpoints: {known})"))
+            else:
+                updates.setdefault(name, {})[field] = address
+    if issues:
+        raise ConfigError(issues, "(command line)")
+    endpoints: list[EndpointConfig] = []
+    for endpoint in config.endpoints:
+        fields = updates.get(endpoint.endpoint_name)
+        if fields is None:
+            endpoints.append(endpoint)
+            continue
+        try:
+            endpoints.append(EndpointConfig.model_validate({**endpoint.model_dump(), **fields}))
+        except ValidationError as exc:
+            raise ConfigError(
+                issues_from_validation(exc, prefix="--kv-events"), endpoint.endpoint_name
+            ) from None
+    return config.with_endpoints(endpoints)
+
+
+def with_tokenizer(config: RouterConfig, text: str) -> RouterConfig:
+    """``config`` with the command line's ``--tokenizer PATH`` (local files) or ``--tokenizer remote``."""
+    fields = {"source": "remote"} if text == "remote" else {"source": "local", "path": text}
+    try:
+        tokenizer = TokenizerConfig.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigError(issues_from_validation(exc, prefix="--tokenizer"), repr(text)) from None
+    return config.model_copy(update={"tokenizer": tokenizer})

@@ -12,6 +12,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from burstsched.config.admission import AdmissionConfig
+from burstsched.config.kv_events import KVEventsConfig, check_zmq_address
+from burstsched.config.tokenizer import TokenizerConfig
 
 
 class StrictModel(BaseModel):
@@ -29,6 +31,22 @@ class EndpointConfig(StrictModel):
         min_length=1,
         description="Name used in metrics and in the x-burstsched-endpoint header (default host:port).",
     )
+
+    kv_events: str | None = Field(
+        default=None,
+        description="Where this replica publishes its KV-cache events (ZMQ, e.g. tcp://10.0.0.5:5557); "
+        "overrides kv_events.endpoint_template.",
+    )
+    kv_events_replay: str | None = Field(
+        default=None,
+        description="This replica's KV-event replay address (ZMQ ROUTER, e.g. tcp://10.0.0.5:5558); "
+        "overrides kv_events.replay_template.",
+    )
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _check_events_address(cls, value: str | None) -> str | None:
+        return check_zmq_address(value)
 
     @field_validator("url")
     @classmethod
@@ -312,6 +330,11 @@ class RouterConfig(StrictModel):
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig)
+    tokenizer: TokenizerConfig = Field(
+        default_factory=TokenizerConfig,
+        description="Tokenizing prompts exactly as vLLM does, for precise prefix matching on KV events.",
+    )
 
     def with_endpoints(self, endpoints: list[EndpointConfig]) -> RouterConfig:
         """A copy with ``endpoints`` replacing the configured ones."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from burstsched.framework import PrefixMatch
 
 HOP_BY_HOP = frozenset(
     {
@@ -29,6 +31,9 @@ _DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {b"content-length", b"date", b"server"}
 
 ENDPOINT_HEADER = b"x-burstsched-endpoint"
 ATTEMPTS_HEADER = b"x-burstsched-attempts"
+PREFIX_INDEX_HEADER = b"x-burstsched-prefix-index"
+PREFIX_BLOCKS_HEADER = b"x-burstsched-prefix-blocks"
+PREDICTED_CACHED_HEADER = b"x-burstsched-predicted-cached-tokens"
 """How many endpoints were tried for the response (more than 1: it failed over)."""
 REQUEST_ID_HEADER = b"x-request-id"
 _UNSAFE_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -62,13 +67,35 @@ def client_response_headers(
     *,
     content_length: int | None,
     attempts: int | None = None,
+    prefix: Sequence[tuple[bytes, bytes]] = (),
 ) -> list[tuple[bytes, bytes]]:
-    """The replica's end-to-end headers, our own length (when known), the serving endpoint's name and
-    how many endpoints were tried (``attempts``, when given)."""
+    """The replica's end-to-end headers, our own length (when known), the serving endpoint's name,
+    how many endpoints were tried (``attempts``, when given) and the ``prefix`` headers
+    (:func:`prefix_headers`)."""
     out = [(k.lower(), v) for k, v in upstream_headers if k.lower() not in _DROPPED_RESPONSE_HEADERS]
     if content_length is not None:
         out.append((b"content-length", str(content_length).encode()))
     out.append((ENDPOINT_HEADER, endpoint.encode()))
     if attempts is not None:
         out.append((ATTEMPTS_HEADER, str(attempts).encode()))
+    out.extend(prefix)
+    return out
+
+
+def prefix_headers(match: PrefixMatch | None, prompt_tokens: int | None) -> list[tuple[bytes, bytes]]:
+    """What the router expected of the serving endpoint's prefix cache: the index that knew
+    (``x-burstsched-prefix-index``), the matched and total blocks (``x-burstsched-prefix-blocks``) and, from
+    the precise index with the prompt's engine tokens known, the tokens the engine should find cached
+    (``x-burstsched-predicted-cached-tokens``: whole blocks, at most ``prompt_tokens - 1``, as vLLM
+    counts)."""
+    if match is None:
+        return []
+    out = [
+        (PREFIX_INDEX_HEADER, match.source.encode()),
+        (PREFIX_BLOCKS_HEADER, f"{match.matched_blocks}/{match.total_blocks}".encode()),
+    ]
+    if match.source == "precise" and prompt_tokens is not None and match.block_tokens > 0:
+        usable = max(0, (prompt_tokens - 1) // match.block_tokens)
+        predicted = min(match.matched_blocks, usable) * match.block_tokens
+        out.append((PREDICTED_CACHED_HEADER, str(predicted).encode()))
     return out

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 import httpx
 from starlette.types import Receive, Send
 
-from burstsched.dispatch.headers import client_response_headers
+from burstsched.dispatch.headers import client_response_headers, prefix_headers
 from burstsched.dispatch.upstream import Upstream, UpstreamResponse
 from burstsched.errors import error_body, sse_error_event
-from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
+from burstsched.framework import Decision, EndpointSnapshot, SchedRequest, uncached_tokens
 from burstsched.metrics import RouterMetrics
 from burstsched.pool import CircuitState, EndpointPool
 from burstsched.request import ParsedRequest
@@ -57,6 +57,11 @@ class _Exchange:
     trace: RequestTrace | None = None
     span: UpstreamSpan | None = None
     """The current attempt's CLIENT span (tracing on only)."""
+    prefix: Sequence[tuple[bytes, bytes]] = ()
+    """The current attempt's prefix headers (what the router expected of its endpoint's cache)."""
+    queued_prefill: int = 0
+    """Prompt tokens the current attempt's endpoint is expected to compute before its first token, counted
+    in the pool's ledger until the first token (or the end of the attempt)."""
 
 
 class _AttemptFailed(Exception):
@@ -108,8 +113,13 @@ class Dispatcher:
         *,
         trace: RequestTrace | None = None,
         deadline: float | None = None,
+        prefill_cap: int | None = None,
     ) -> None:
         """Serve the client from the best endpoint that answers; never raises for upstream failures.
+
+        Each attempt counts the prompt tokens its endpoint must compute (from the decision's prefix match,
+        at most ``prefill_cap``: a group member whose group's prefix is computed once) in the pool's queued
+        prefill until the first token.
 
         A client disconnect cancels this task (and with it the upstream request) through a watcher task.
         ``deadline`` (event-loop time) ends the request early, like a shutdown's abort.
@@ -131,7 +141,7 @@ class Dispatcher:
             async with guard:
                 done = self._track(guard, exchange)
                 try:
-                    await self._attempts(parsed, request, decision, headers, send, exchange)
+                    await self._attempts(parsed, request, decision, headers, send, exchange, prefill_cap)
                 finally:
                     done()
         except TimeoutError:
@@ -183,14 +193,21 @@ class Dispatcher:
         headers: Sequence[tuple[bytes, bytes]],
         send: Send,
         exchange: _Exchange,
+        prefill_cap: int | None = None,
     ) -> None:
         failures: list[str] = []
         for attempt, (endpoint, claimed) in enumerate(self._candidates(decision)):
             exchange.endpoint = endpoint.name
             exchange.outcome = "cancelled"
             exchange.attempts = attempt + 1
+            match = decision.matches.get(endpoint.name)
+            exchange.prefix = prefix_headers(
+                match, None if request.token_ids is None else len(request.token_ids)
+            )
+            queued = uncached_tokens(request, match)
+            exchange.queued_prefill = queued if prefill_cap is None else min(queued, prefill_cap)
             self._on_dispatch(request, endpoint)
-            self._pool.acquire(endpoint.name)
+            self._pool.acquire(endpoint.name, exchange.queued_prefill)
             if exchange.trace is not None:
                 exchange.span = exchange.trace.upstream(
                     endpoint.name, endpoint.url + parsed.api.path, attempt
@@ -205,7 +222,8 @@ class Dispatcher:
                 if exchange.span is not None:
                     exchange.span.failed(failed.result, failed.message)
             finally:
-                self._pool.release(endpoint.name)
+                self._pool.release(endpoint.name, exchange.queued_prefill)
+                exchange.queued_prefill = 0
                 self._pool.end_attempt(endpoint.name, claimed)
                 if exchange.span is not None:
                     exchange.span.end()
@@ -280,7 +298,11 @@ class Dispatcher:
             exchange.outcome = "ok" if status < 400 else "client_error"
             exchange.complete = True
             response_headers = client_response_headers(
-                upstream.headers, name, content_length=len(body), attempts=exchange.attempts
+                upstream.headers,
+                name,
+                content_length=len(body),
+                attempts=exchange.attempts,
+                prefix=exchange.prefix,
             )
             exchange.started = True
             await send({"type": "http.response.start", "status": status, "headers": response_headers})
@@ -291,10 +313,12 @@ class Dispatcher:
     async def _stream(self, upstream: UpstreamResponse, name: str, send: Send, exchange: _Exchange) -> None:
         chunks = upstream.iter_body()
         first = await self._first_chunk(chunks, name)
+        self._pool.prefill_done(name, exchange.queued_prefill)
+        exchange.queued_prefill = 0
         self._pool.report_success(name)
         self._metrics.attempt(name, "ok")
         response_headers = client_response_headers(
-            upstream.headers, name, content_length=None, attempts=exchange.attempts
+            upstream.headers, name, content_length=None, attempts=exchange.attempts, prefix=exchange.prefix
         )
         exchange.outcome = "stream_error"
         exchange.started = True

@@ -7,6 +7,7 @@ from burstsched.framework.plugins import (
     DispatchHook,
     EndpointForgetter,
     Filter,
+    KVEventConsumer,
     Picker,
     Plugin,
     Producer,
@@ -22,9 +23,22 @@ from burstsched.framework.registry import (
     PluginTypeError,
 )
 from burstsched.framework.state import CycleState, PrefixMatch
-from burstsched.framework.types import ApiKind, Decision, EndpointSnapshot, SchedRequest, ScoredEndpoint
+from burstsched.framework.types import (
+    ApiKind,
+    Decision,
+    EndpointSnapshot,
+    SchedRequest,
+    ScoredEndpoint,
+    uncached_tokens,
+)
+from burstsched.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
 
 __all__ = [
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "EventBatch",
+    "KVEvent",
     "ENTRY_POINT_GROUP",
     "ApiKind",
     "CycleState",
@@ -33,6 +47,7 @@ __all__ = [
     "EndpointForgetter",
     "EndpointSnapshot",
     "Filter",
+    "KVEventConsumer",
     "Picker",
     "Plugin",
     "PluginContext",
@@ -46,4 +61,5 @@ __all__ = [
     "SchedRequest",
     "ScoredEndpoint",
     "Scorer",
+    "uncached_tokens",
 ]

@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from burstsched.framework.state import CycleState
 from burstsched.framework.types import EndpointSnapshot, SchedRequest, ScoredEndpoint
+from burstsched.kv_events import EventBatch
 
 
 @runtime_checkable
@@ -83,3 +84,23 @@ class EndpointForgetter(Plugin, Protocol):
     """Holds per-endpoint learned state to drop when that endpoint goes away (killed, failing its checks)."""
 
     def forget_endpoint(self, endpoint: str) -> None: ...
+
+
+@runtime_checkable
+class KVEventConsumer(Plugin, Protocol):
+    """Keeps state from the replicas' KV-cache events (the precise prefix index).
+
+    The router's event hub calls these in order per endpoint, on the event loop: ``on_kv_events`` with each
+    batch in sequence order (gaps already replayed); ``on_kv_stream_reset`` when what the plugin holds for
+    the endpoint can no longer be trusted (the replica restarted, or a gap could not be replayed: the plugin
+    drops the endpoint's entries, and later events rebuild them); ``on_kv_stream_live`` when the hub starts
+    following the endpoint, ``on_kv_stream_closed`` when it stops (the router is shutting down).
+    """
+
+    def on_kv_events(self, endpoint: str, batch: EventBatch) -> None: ...
+
+    def on_kv_stream_reset(self, endpoint: str, reason: str) -> None: ...
+
+    def on_kv_stream_live(self, endpoint: str) -> None: ...
+
+    def on_kv_stream_closed(self, endpoint: str) -> None: ...

@@ -10,11 +10,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
-    """How much of a request's block chain an endpoint holds: ``matched_blocks`` contiguous from block 0."""
+    """How much of a request's block chain an endpoint holds: ``matched_blocks`` contiguous from block 0.
+
+    ``source`` names the index that knew it: ``approximate`` (estimated from past routing, blocks of
+    pseudo-tokens) or ``precise`` (from the replica's KV-cache events, blocks of the engine's tokens).
+    """
 
     matched_blocks: int
     total_blocks: int
     block_tokens: int
+    source: str = "approximate"
 
     @property
     def ratio(self) -> float:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from burstsched.framework.state import PrefixMatch
+
 
 class ApiKind(StrEnum):
     """Which OpenAI API a request came in through."""
@@ -27,6 +29,9 @@ class EndpointSnapshot:
     ``waiting``, ``running`` and ``kv_usage`` come from the replica's last scrape and may be stale;
     ``in_flight`` is the router's own count of requests it has sent there and that have not finished
     (never stale); ``pending`` is load placed there by the current admission window but not dispatched yet.
+    ``queued_prefill_tokens`` is the router's own estimate of the prompt tokens still to be computed by the
+    requests it sent there that have not produced their first token (never stale);
+    ``prefill_tokens_per_s`` is the replica's prefill speed learned from its metrics (None until known).
     """
 
     name: str
@@ -41,6 +46,8 @@ class EndpointSnapshot:
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     pending: int = 0
+    queued_prefill_tokens: int = 0
+    prefill_tokens_per_s: float | None = None
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -55,7 +62,10 @@ class SchedRequest:
     """A request (or a group of ``group_size`` requests sharing it) to place on one endpoint.
 
     ``block_hashes`` is the chained hash of the prompt's full blocks of ``block_tokens`` (pseudo-)tokens each,
-    from block 0; ``prompt_tokens`` is the prompt's size in the same tokens.
+    from block 0; ``prompt_tokens`` is the prompt's size in the same tokens (the approximate view, always
+    there). ``token_ids`` are the prompt's token ids exactly as the engine will see them, when the router
+    could tokenize it (precise mode); ``None`` otherwise. ``cache_salt`` is the request's ``cache_salt``,
+    which the engine mixes into its first block's hash.
     """
 
     request_id: str
@@ -66,6 +76,8 @@ class SchedRequest:
     block_tokens: int = 64
     prompt_tokens: int = 0
     group_size: int = 1
+    token_ids: tuple[int, ...] | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -89,10 +101,12 @@ class ScoredEndpoint:
 class Decision:
     """Where a request goes: ``ranked`` lists the candidates in preference order; the first is the pick.
 
-    Failover and spill take the next entries of ``ranked``.
+    Failover and spill take the next entries of ``ranked``. ``matches`` holds the prefix producers' match per
+    candidate, by endpoint name (empty when no producer made one).
     """
 
     ranked: tuple[ScoredEndpoint, ...]
+    matches: Mapping[str, PrefixMatch] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.ranked:
@@ -105,3 +119,20 @@ class Decision:
     @property
     def chosen(self) -> ScoredEndpoint:
         return self.ranked[0]
+
+    @property
+    def prefix(self) -> PrefixMatch | None:
+        """The chosen endpoint's prefix match, if a producer made one."""
+        return self.matches.get(self.ranked[0].name)
+
+
+def uncached_tokens(request: SchedRequest, match: PrefixMatch | None) -> int:
+    """The prompt tokens an endpoint must still compute for ``request`` given its prefix ``match``: the
+    engine's tokens when the match is precise, else the request's pseudo-tokens (about one per 4 bytes)."""
+    if match is not None and match.source == "precise" and request.token_ids is not None:
+        total = len(request.token_ids)
+    else:
+        total = request.prompt_tokens
+    if match is None:
+        return total
+    return max(0, total - match.matched_blocks * match.block_tokens)

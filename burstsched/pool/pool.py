@@ -43,6 +43,9 @@ class _EndpointState:
     metrics: ReplicaMetrics = field(default_factory=ReplicaMetrics)
     last_scrape: float = -math.inf
     in_flight: int = 0
+    queued_prefill: int = 0
+    prefill_rate: float | None = None
+    prefill_counters: tuple[float, float] | None = None
     failures: int = 0
     failed_checks: int = 0
     model_cards: tuple[dict[str, Any], ...] | None = None
@@ -108,6 +111,8 @@ class EndpointPool:
             in_flight=state.in_flight,
             block_size=metrics.block_size,
             num_gpu_blocks=metrics.num_gpu_blocks,
+            queued_prefill_tokens=state.queued_prefill,
+            prefill_tokens_per_s=state.prefill_rate,
         )
 
     def snapshot(self, name: str) -> EndpointSnapshot:
@@ -168,13 +173,23 @@ class EndpointPool:
 
     # --- in-flight accounting and passive health ----------------------------------------------------------
 
-    def acquire(self, name: str) -> None:
-        """Count a request the router is sending to ``name``."""
-        self._state(name).in_flight += 1
+    def acquire(self, name: str, prefill_tokens: int = 0) -> None:
+        """Count a request the router is sending to ``name``, with the prompt tokens it expects ``name`` to
+        compute before its first token."""
+        state = self._state(name)
+        state.in_flight += 1
+        state.queued_prefill += prefill_tokens
 
-    def release(self, name: str) -> None:
+    def prefill_done(self, name: str, prefill_tokens: int) -> None:
+        """A request sent with :meth:`acquire` produced its first token: its prefill is no longer queued."""
+        state = self._state(name)
+        state.queued_prefill = max(0, state.queued_prefill - prefill_tokens)
+
+    def release(self, name: str, prefill_tokens: int = 0) -> None:
+        """The request is over; ``prefill_tokens``: what of its prefill :meth:`prefill_done` did not take."""
         state = self._state(name)
         state.in_flight = max(0, state.in_flight - 1)
+        state.queued_prefill = max(0, state.queued_prefill - prefill_tokens)
 
     def report_success(self, name: str) -> None:
         state = self._state(name)
@@ -270,6 +285,7 @@ class EndpointPool:
             return
         state.metrics = metrics
         state.last_scrape = self._clock()
+        _learn_prefill_rate(state, metrics)
 
     async def _client_fetch(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         response = await self._client.get(url, timeout=timeout_s)
@@ -312,3 +328,32 @@ class EndpointPool:
         if not isinstance(data, list):
             return None
         return tuple(card for card in data if isinstance(card, dict) and isinstance(card.get("id"), str))
+
+
+_RATE_WEIGHT = 0.3
+"""Weight of a new sample in the prefill rate's moving average."""
+_MIN_RATE_SECONDS = 0.05
+"""Prefill seconds a sample must cover before it counts (short ones are noise)."""
+
+
+def _learn_prefill_rate(state: _EndpointState, metrics: ReplicaMetrics) -> None:
+    """Update ``state.prefill_rate`` (tokens/s) from the growth of the replica's prefill counters.
+
+    vLLM counts, per finished request, the tokens computed in prefill and the seconds from scheduling to the
+    first token; their ratio over a scrape interval is the replica's prefill speed as its requests saw it
+    (with other requests' work sharing the steps). A counter going back (a restarted replica) starts over.
+    """
+    if metrics.prefill_tokens is None or metrics.prefill_seconds is None:
+        return
+    now = (metrics.prefill_tokens, metrics.prefill_seconds)
+    before = state.prefill_counters
+    if before is None or now[0] < before[0] or now[1] < before[1]:
+        state.prefill_counters = now
+        return
+    tokens, seconds = now[0] - before[0], now[1] - before[1]
+    if seconds < _MIN_RATE_SECONDS or tokens <= 0:
+        return  # too little happened: keep accumulating
+    state.prefill_counters = now
+    sample = tokens / seconds
+    rate = state.prefill_rate
+    state.prefill_rate = sample if rate is None else rate + _RATE_WEIGHT * (sample - rate)

@@ -16,7 +16,9 @@ RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
-_LOAD_FAMILIES = (WAITING, RUNNING, KV_USAGE, KV_USAGE_OLD)
+PREFILL_TOKENS_SUM = "vllm:request_prefill_kv_computed_tokens_sum"
+PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
+_LOAD_FAMILIES = (WAITING, RUNNING, KV_USAGE, KV_USAGE_OLD, PREFILL_TOKENS_SUM, PREFILL_TIME_SUM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,10 @@ class ReplicaMetrics:
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     model_names: frozenset[str] = frozenset()
+    prefill_tokens: float | None = None
+    """Σ tokens the replica computed in prefill (cached ones excluded), since it started."""
+    prefill_seconds: float | None = None
+    """Σ seconds its requests spent in prefill (scheduled to first token), since it started."""
 
 
 class MetricsFormatError(ValueError):
@@ -64,6 +70,8 @@ class MetricsParser:
         parse_cache = cache_lines != self._cache_lines
         to_parse = load_lines + cache_lines if parse_cache else load_lines
         waiting = running = 0.0
+        prefill_tokens: float | None = None
+        prefill_seconds: float | None = None
         kv_usage: float | None = None
         kv_usage_old: float | None = None
         block_size, num_gpu_blocks = (None, None) if parse_cache else self._geometry
@@ -88,6 +96,10 @@ class MetricsParser:
                     kv_usage = max(kv_usage or 0.0, sample.value)
                 elif sample.name == KV_USAGE_OLD:
                     kv_usage_old = max(kv_usage_old or 0.0, sample.value)
+                elif sample.name == PREFILL_TOKENS_SUM:
+                    prefill_tokens = (prefill_tokens or 0.0) + sample.value
+                elif sample.name == PREFILL_TIME_SUM:
+                    prefill_seconds = (prefill_seconds or 0.0) + sample.value
                 elif sample.name == CACHE_CONFIG:
                     block_size = _int_label(sample.labels, "block_size", block_size)
                     num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks", num_gpu_blocks)
@@ -104,6 +116,8 @@ class MetricsParser:
             block_size=block_size,
             num_gpu_blocks=num_gpu_blocks,
             model_names=frozenset(models),
+            prefill_tokens=prefill_tokens,
+            prefill_seconds=prefill_seconds,
         )
 
 

@@ -11,6 +11,7 @@ from burstsched.framework import (
     Decision,
     EndpointForgetter,
     EndpointSnapshot,
+    PrefixMatch,
     SchedRequest,
     ScoredEndpoint,
 )
@@ -56,19 +57,37 @@ class Scheduler:
         self._observer = observer
         self._cycle_observer = cycle_observer
 
-    def schedule(self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot]) -> Decision:
-        """Rank ``endpoints`` for ``request`` (a single request or a group of ``request.group_size``)."""
+    def produce(self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot]) -> CycleState:
+        """Run the producers alone: what they know of ``request`` on each endpoint (e.g. its prefix match).
+
+        Pass the result to :meth:`schedule` (same request, same endpoints) so they do not run twice.
+        """
+        state = CycleState()
+        observe = self._observer
+        for producer in self.profile.producers:
+            started = time.perf_counter() if observe else 0.0
+            producer.produce(request, endpoints, state)
+            if observe:
+                observe("producer", producer.name, time.perf_counter() - started)
+        return state
+
+    def schedule(
+        self,
+        request: SchedRequest,
+        endpoints: Sequence[EndpointSnapshot],
+        *,
+        produced: CycleState | None = None,
+    ) -> Decision:
+        """Rank ``endpoints`` for ``request`` (a single request or a group of ``request.group_size``).
+
+        ``produced``: the producers' state from :meth:`produce` for this request and these endpoints.
+        """
         if not endpoints:
             raise NoEndpointsError("no endpoints to schedule on")
         cycle_started = time.perf_counter()
         profile = self.profile
         observe = self._observer
-        state = CycleState()
-        for producer in profile.producers:
-            started = time.perf_counter() if observe else 0.0
-            producer.produce(request, endpoints, state)
-            if observe:
-                observe("producer", producer.name, time.perf_counter() - started)
+        state = produced if produced is not None else self.produce(request, endpoints)
 
         candidates: Sequence[EndpointSnapshot] = endpoints
         for filter_ in profile.filters:
@@ -104,7 +123,12 @@ class Scheduler:
             raise PluginContractError(f"picker {picker.name!r} must return every candidate exactly once")
         if self._cycle_observer is not None:
             self._cycle_observer(time.perf_counter() - cycle_started)
-        return Decision(ranked)
+        matches = {}
+        for scored_endpoint in ranked:
+            match = state.get(scored_endpoint.name, PrefixMatch)
+            if match is not None:
+                matches[scored_endpoint.name] = match
+        return Decision(ranked, matches)
 
     def on_dispatch(self, request: SchedRequest, endpoint: EndpointSnapshot) -> None:
         """Tell the dispatch hooks that ``request`` (or its whole group) went to ``endpoint``."""

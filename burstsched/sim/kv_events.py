@@ -2,8 +2,9 @@
 
 A PUB socket sends ``[topic, seq (8 bytes big-endian, from 0), msgpack batch]`` once per engine step
 that produced events. An optional ROUTER socket serves replays from a buffer of the last
-``buffer_steps`` batches: request ``[b"", start_seq]``, reply one ``[b"", seq, payload]`` per buffered
-batch with ``seq >= start_seq``, then ``[b"", -1, b""]``. An endpoint with ``*`` (or ``ipc://``) is
+``buffer_steps`` batches: request ``[b"", start_seq]``, reply one ``[b"", topic, seq, payload]`` per
+buffered batch with ``seq >= start_seq``, then ``[b"", b"", -1, b""]`` (vLLM 0.32's frames, measured: the
+topic frame is there, as in the PUB messages). An endpoint with ``*`` (or ``ipc://``) is
 bound, any other connected, like vLLM; ``tcp://HOST:*`` or ``tcp://HOST:0`` binds a free port.
 The wire format lives in :mod:`burstsched.kv_events`.
 """
@@ -122,5 +123,5 @@ class KVEventPublisher:
             start_seq = int.from_bytes(start, "big")
             for seq, payload in list(self._buffer):
                 if seq >= start_seq:
-                    await sock.send_multipart([client_id, b"", encode_seq(seq), payload])
-            await sock.send_multipart([client_id, b"", encode_seq(REPLAY_END_SEQ), b""])
+                    await sock.send_multipart([client_id, b"", self._topic, encode_seq(seq), payload])
+            await sock.send_multipart([client_id, b"", b"", encode_seq(REPLAY_END_SEQ), b""])

@@ -7,20 +7,21 @@ tokens of a text's prefix are a prefix of the text's tokens except near the cut;
 hash of each piece. ChatML's special tokens are single tokens.
 
 :class:`HFTokenizer` reads a folder as Hugging Face saves it (``tokenizer.json`` and
-``tokenizer_config.json``) with the ``tokenizers`` package and tokenizes exactly as that model does.
+``tokenizer_config.json``) with the ``tokenizers`` package and tokenizes exactly as that model does; the
+file reading is the router's too (:mod:`burstsched.tokenization.files`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol
 
 import xxhash
+
+from burstsched.tokenization.files import load_encoder, read_tokenizer_files, token_text
 
 BUILTIN_SPECIAL_TOKENS: Mapping[str, int] = MappingProxyType(
     {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
@@ -124,24 +125,16 @@ class BuiltinTokenizer:
         return token_id
 
 
-@dataclass(frozen=True, slots=True)
-class _TokenizerFiles:
-    tokenizer_json: Path
-    config: dict[str, Any]
-
-
 class HFTokenizer:
     """A model's own tokenizer, read from ``tokenizer.json`` and ``tokenizer_config.json``."""
 
     def __init__(self, folder: str | Path) -> None:
-        from tokenizers import Tokenizer as RustTokenizer
-
-        files = _read_files(Path(folder))
+        files = read_tokenizer_files(folder)
         self._folder = Path(folder)
-        self._tok = RustTokenizer.from_file(str(files.tokenizer_json))
+        self._tok = load_encoder(files)
         self._config = files.config
-        self._chat_template = _chat_template_from(files.config)
-        eos = _token_text(files.config.get("eos_token"))
+        self._chat_template = files.chat_template
+        eos = token_text(files.config.get("eos_token"))
         eos_id = self._tok.token_to_id(eos) if eos else None
         self._eos_token_id = eos_id if eos_id is not None else 0
 
@@ -161,7 +154,7 @@ class HFTokenizer:
     def special_tokens_map(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-            text = _token_text(self._config.get(key))
+            text = token_text(self._config.get(key))
             out[key] = text or ""
         return out
 
@@ -190,41 +183,3 @@ def load_tokenizer(path: str | None) -> Tokenizer:
     if path is None:
         return BuiltinTokenizer()
     return HFTokenizer(path)
-
-
-def _read_files(folder: Path) -> _TokenizerFiles:
-    if not folder.is_dir():
-        raise ValueError(f"tokenizer folder {folder} does not exist")
-    tokenizer_json = folder / "tokenizer.json"
-    if not tokenizer_json.is_file():
-        raise ValueError(f"{tokenizer_json} not found (save the tokenizer with a fast tokenizer)")
-    config_path = folder / "tokenizer_config.json"
-    config: dict[str, Any] = {}
-    if config_path.is_file():
-        loaded = json.loads(config_path.read_text(encoding="utf-8"))
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{config_path} is not a JSON object")
-        config = loaded
-    template_file = folder / "chat_template.jinja"
-    if "chat_template" not in config and template_file.is_file():
-        config["chat_template"] = template_file.read_text(encoding="utf-8")
-    return _TokenizerFiles(tokenizer_json, config)
-
-
-def _chat_template_from(config: dict[str, Any]) -> str | None:
-    template = config.get("chat_template")
-    if isinstance(template, str):
-        return template
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        default = named.get("default")
-        return default if isinstance(default, str) else None
-    return None
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return str(value["content"])
-    return None

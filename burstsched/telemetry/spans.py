@@ -269,6 +269,11 @@ class RequestTrace:
             attr.SCHEDULE_CANDIDATES: len(decision.ranked),
             **extra,
         }
+        prefix = decision.prefix
+        if prefix is not None:
+            values[attr.PREFIX_INDEX] = prefix.source
+            values[attr.PREFIX_MATCHED_BLOCKS] = prefix.matched_blocks
+            values[attr.PREFIX_TOTAL_BLOCKS] = prefix.total_blocks
         span = self._tracer.start_span(
             attr.SPAN_SCHEDULE, context=self._context, start_time=start, attributes=values
         )

@@ -39,6 +39,7 @@ class Backend:
     num_gpu_blocks: int = NUM_GPU_BLOCKS
     kv_events_endpoint: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    kv_replay_endpoint: str | None = None
 
 
 def vllm_config(model: Path, *, kv_events: bool = True) -> VllmConfig:
@@ -63,6 +64,7 @@ def sim_config(tokenizer: Path | None, *, kv_events: bool = True) -> SimConfig:
         max_model_len=MAX_MODEL_LEN,
         tokenizer=str(tokenizer) if tokenizer is not None else None,
         kv_events_endpoint="tcp://127.0.0.1:*" if kv_events else None,
+        kv_events_replay_endpoint="tcp://127.0.0.1:*" if kv_events else None,
         time_scale=1.0,
     )
 
@@ -71,7 +73,12 @@ def sim_config(tokenizer: Path | None, *, kv_events: bool = True) -> SimConfig:
 def sim_backend(tokenizer: Path | None, *, kv_events: bool = True) -> Iterator[Backend]:
     """One simulated replica configured like the real one."""
     with SimPool(1, sim_config(tokenizer, kv_events=kv_events)) as pool:
-        yield Backend("sim", pool.urls[0], kv_events_endpoint=pool.kv_events_endpoints[0])
+        yield Backend(
+            "sim",
+            pool.urls[0],
+            kv_events_endpoint=pool.kv_events_endpoints[0],
+            kv_replay_endpoint=pool.kv_events_replay_endpoints[0],
+        )
 
 
 def vllm_backend(pool: VllmPool) -> Backend:
@@ -84,6 +91,7 @@ def vllm_backend(pool: VllmPool) -> Backend:
         model=pool.model,
         num_gpu_blocks=blocks,
         kv_events_endpoint=replica.kv_events_endpoint,
+        kv_replay_endpoint=replica.kv_replay_endpoint,
     )
 
 

@@ -63,6 +63,7 @@ class VllmReplica:
     kv_events_port: int | None = None
     kv_topic: str = ""
     stopped: bool = field(default=False)
+    kv_replay_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -76,6 +77,11 @@ class VllmReplica:
     def kv_events_endpoint(self) -> str | None:
         """Where a ZMQ SUB socket connects to receive this replica's KV events."""
         return None if self.kv_events_port is None else f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    @property
+    def kv_replay_endpoint(self) -> str | None:
+        """Where a ZMQ DEALER asks this replica to replay its buffered KV-event batches."""
+        return None if self.kv_replay_port is None else f"tcp://127.0.0.1:{self.kv_replay_port}"
 
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
         try:
@@ -99,7 +105,14 @@ def server_env(core: int) -> dict[str, str]:
     return env
 
 
-def server_args(config: VllmConfig, model: Path, port: int, kv_port: int | None, topic: str) -> list[str]:
+def server_args(
+    config: VllmConfig,
+    model: Path,
+    port: int,
+    kv_port: int | None,
+    topic: str,
+    replay_port: int | None = None,
+) -> list[str]:
     """The API server's command line (after the interpreter)."""
     args = [
         "-m",
@@ -127,6 +140,8 @@ def server_args(config: VllmConfig, model: Path, port: int, kv_port: int | None,
             "endpoint": f"tcp://*:{kv_port}",
             "topic": topic,
         }
+        if replay_port is not None:
+            events["replay_endpoint"] = f"tcp://*:{replay_port}"
         args += ["--kv-events-config", json.dumps(events)]
     if config.prompt_tokens_details:
         args.append("--enable-prompt-tokens-details")
@@ -171,10 +186,15 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    proc = Path("/proc")
-    if not proc.is_dir():
+    if not Path("/proc").is_dir():
         return True
-    for entry in proc.iterdir():
+    return any(state not in ("Z", "X") for _, state in _group_members(pgid))
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of every process in the group, read from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
@@ -182,9 +202,36 @@ def group_alive(pgid: int) -> bool:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            members.append((int(entry.name), fields[0]))
+    return members
+
+
+def pin_engine(pgid: int, core: int) -> int:
+    """Bind every thread of a replica's engine (its process group but the API server leading it) to `core`;
+    returns how many threads were bound. Threads started later inherit the binding.
+
+    vLLM binds only its worker's OpenMP threads; the engine-core process, which waits for the worker in a
+    busy loop, floats. On a 2-core machine the pair then fills both cores while a request generates, and
+    every other process (the replica's own API server, the tests) was measured waiting up to 7 s for a
+    core: a stream's first token arrived after its last was generated. Bound to the worker's core, the
+    engine leaves the other cores free (same measurement: no wait over 10 ms).
+    """
+    bound = 0
+    for pid, _ in _group_members(pgid):
+        if pid == pgid:
+            continue
+        try:
+            threads = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue  # the process ended meanwhile
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, {core})
+            except OSError:
+                continue
+            bound += 1
+    return bound
 
 
 class VllmPool:
@@ -238,7 +285,7 @@ class VllmPool:
         if self._log_dir is None:
             self._log_dir = Path(tempfile.mkdtemp(prefix="burstsched-vllm-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        ports = free_ports(self.n * (2 if self.config.kv_events else 1))
+        ports = free_ports(self.n * (3 if self.config.kv_events else 1))
         try:
             for i in range(self.n):
                 self.replicas.append(self._launch(i, model, ports))
@@ -246,6 +293,8 @@ class VllmPool:
             with httpx.Client(timeout=2.0, trust_env=False) as client:
                 for replica in self.replicas:
                     _wait_healthy(client, replica, deadline)
+            for replica in self.replicas:
+                pin_engine(replica.pid, self.cores[replica.index])
         except BaseException:
             self.stop(keep_logs=True)
             raise
@@ -254,18 +303,47 @@ class VllmPool:
         assert self._log_dir is not None
         port = ports[i]
         kv_port = ports[self.n + i] if self.config.kv_events else None
+        replay_port = ports[2 * self.n + i] if self.config.kv_events else None
         topic = f"kv@127.0.0.1:{port}@{self.config.served_model_name}" if kv_port is not None else ""
         log_path = self._log_dir / f"replica-{i}-{port}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [str(venv_python()), *server_args(self.config, model, port, kv_port, topic)],
+                [str(venv_python()), *server_args(self.config, model, port, kv_port, topic, replay_port)],
                 env=server_env(self.cores[i]),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return VllmReplica(i, port, process, log_path, kv_port, topic)
+        return VllmReplica(i, port, process, log_path, kv_port, topic, kv_replay_port=replay_port)
+
+    def restart(self, i: int, *, kill: bool = True) -> VllmReplica:
+        """Stop replica ``i`` (SIGKILL to its process group with ``kill``, else a clean stop) and start a new
+        process on the same ports; returns once it answers ``/health`` (bounded)."""
+        old = self.replicas[i]
+        if not old.stopped:
+            if kill:
+                _signal_group(old.process.pid, signal.SIGKILL)
+                old.process.wait(timeout=STOP_TIMEOUT_S)
+                end = time.monotonic() + STOP_TIMEOUT_S
+                while group_alive(old.process.pid) and time.monotonic() < end:
+                    time.sleep(0.05)  # the engine's processes release the ports when they are gone
+            else:
+                stop_process(old.process)
+            old.stopped = True
+        ports = [0] * (3 * self.n)
+        ports[i] = old.port
+        if old.kv_events_port is not None:
+            ports[self.n + i] = old.kv_events_port
+        if old.kv_replay_port is not None:
+            ports[2 * self.n + i] = old.kv_replay_port
+        replica = self._launch(i, self.config.model or ensure_model(), ports)
+        self.replicas[i] = replica
+        deadline = time.monotonic() + self.config.start_timeout_s
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            _wait_healthy(client, replica, deadline)
+        pin_engine(replica.pid, self.cores[i])
+        return replica
 
     def stop(self, *, keep_logs: bool = False) -> None:
         """Stop every replica by PID (whole process group); remove the logs unless asked to keep them."""

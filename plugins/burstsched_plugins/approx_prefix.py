@@ -40,6 +40,7 @@ class ApproxPrefixProducer:
     def __init__(self, name: str, parameters: ApproxPrefixParameters, context: PluginContext) -> None:
         self._name = name
         self.index = PrefixIndex(parameters.default_capacity_blocks)
+        self._capacities: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -65,9 +66,14 @@ class ApproxPrefixProducer:
 
     def forget_endpoint(self, endpoint: str) -> None:
         """``endpoint`` went away: its entries expire (a replica that comes back starts cold)."""
+        self._capacities.pop(endpoint, None)
         self.index.remove_endpoint(endpoint)
 
     def _update_capacity(self, endpoint: EndpointSnapshot, block_tokens: int) -> None:
         tokens = endpoint.capacity_tokens
-        if tokens is not None:
-            self.index.set_capacity(endpoint.name, tokens // block_tokens)
+        if tokens is None:
+            return
+        blocks = tokens // block_tokens
+        if self._capacities.get(endpoint.name) != blocks:  # the common case: unchanged since last time
+            self._capacities[endpoint.name] = blocks
+            self.index.set_capacity(endpoint.name, blocks)

@@ -2,102 +2,63 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+
+from burstsched_plugins.blocktable import BlockTable
 
 
 class PrefixIndex:
-    """Per-endpoint LRU sets of block hashes, and a hash → endpoints map for lookups.
+    """Per-endpoint LRU sets of block hashes, matched by the longest chain each endpoint holds.
 
     Each endpoint holds at most its capacity in blocks; adding past it evicts that endpoint's least recently
-    added blocks. A chain is added tail first, so its leading blocks (shared by the most requests) are the
-    freshest and the last to go.
+    added blocks (after the whole chain is in, so the bound holds whenever :meth:`add` returns). A chain is
+    added tail first, so its leading blocks (shared by the most requests) are the freshest and the last to go.
+
+    Storage is a :class:`~burstsched_plugins.blocktable.BlockTable`: numpy arrays, no Python object per
+    block, growth one small piece at a time (see there for the bounds on a single call's work).
     """
 
     def __init__(self, default_capacity: int) -> None:
         if default_capacity < 1:
             raise ValueError("default_capacity must be at least 1")
-        self._default_capacity = default_capacity
-        self._lru: dict[str, OrderedDict[int, None]] = {}
-        self._capacity: dict[str, int] = {}
-        self._owners: dict[int, set[str]] = {}
+        self._table = BlockTable(default_capacity, with_values=False)
 
     def capacity(self, endpoint: str) -> int:
-        return self._capacity.get(endpoint, self._default_capacity)
+        return self._table.capacity(endpoint)
 
     def set_capacity(self, endpoint: str, blocks: int) -> None:
         """Bound ``endpoint`` to ``blocks`` blocks (at least 1), evicting its oldest ones if needed."""
-        blocks = max(1, blocks)
-        if self._capacity.get(endpoint) == blocks:
-            return
-        self._capacity[endpoint] = blocks
-        self._evict(endpoint)
+        if self._table.capacity(endpoint) != max(1, blocks):  # called at every decision: cheap when unchanged
+            self._table.set_capacity(endpoint, blocks)
 
     def add(self, endpoint: str, hashes: Sequence[int]) -> None:
         """Record that ``endpoint`` was sent ``hashes`` (a chain from block 0)."""
-        lru = self._lru.setdefault(endpoint, OrderedDict())
-        for block in reversed(hashes):
-            if block in lru:
-                lru.move_to_end(block)
-            else:
-                lru[block] = None
-                owners = self._owners.get(block)
-                if owners is None:
-                    self._owners[block] = {endpoint}
-                else:
-                    owners.add(endpoint)
-        self._evict(endpoint)
+        self._table.touch(endpoint, hashes)
 
     def match(self, hashes: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
         """For each endpoint, how many of ``hashes`` it holds contiguously from block 0."""
-        matched = dict.fromkeys(endpoints, 0)
-        alive = set(matched)
-        for depth, block in enumerate(hashes):
-            owners = self._owners.get(block)
-            if not owners:
-                break
-            alive &= owners
-            if not alive:
-                break
-            for endpoint in alive:
-                matched[endpoint] = depth + 1
-        return matched
+        return self._table.match(hashes, endpoints)
 
     def size(self, endpoint: str) -> int:
         """How many blocks ``endpoint`` holds."""
-        lru = self._lru.get(endpoint)
-        return len(lru) if lru is not None else 0
+        return self._table.size(endpoint)
 
     def holds(self, endpoint: str, block: int) -> bool:
         """Whether ``endpoint``'s own LRU set holds ``block``."""
-        lru = self._lru.get(endpoint)
-        return lru is not None and block in lru
+        return self._table.holds(endpoint, block)
+
+    def entries(self) -> int:
+        """How many (block, endpoint) entries the index holds, over all endpoints."""
+        return self._table.entries()
+
+    def nbytes(self) -> int:
+        """Bytes of the index's arrays."""
+        return self._table.nbytes()
 
     def clear(self) -> None:
-        self._lru.clear()
-        self._owners.clear()
+        """Drop every block (capacities stay)."""
+        self._table.clear()
 
     def remove_endpoint(self, endpoint: str) -> None:
         """Drop every block ``endpoint`` holds (its capacity setting stays)."""
-        lru = self._lru.pop(endpoint, None)
-        if lru is None:
-            return
-        for block in lru:
-            owners = self._owners.get(block)
-            if owners is not None:
-                owners.discard(endpoint)
-                if not owners:
-                    del self._owners[block]
-
-    def _evict(self, endpoint: str) -> None:
-        lru = self._lru.get(endpoint)
-        if lru is None:
-            return
-        limit = self.capacity(endpoint)
-        while len(lru) > limit:
-            block, _ = lru.popitem(last=False)
-            owners = self._owners.get(block)
-            if owners is not None:
-                owners.discard(endpoint)
-                if not owners:
-                    del self._owners[block]
+        self._table.drop_endpoint(endpoint)

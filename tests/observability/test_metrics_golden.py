@@ -146,6 +146,19 @@ async def test_exposition_after_a_fixed_sequence_of_events() -> None:
     metrics.observe_admission("member", 0.0062, 3)
     metrics.observe_admission("bypass", 0.00004, 1)
 
+    # precise mode: tokenization outcomes and what the KV-event hub reports
+    metrics.tokenized("ok")
+    metrics.tokenized("ok")
+    metrics.tokenized("fallback")
+    metrics.kv_events("sim-0", "BlockStored", 3)
+    metrics.kv_events("sim-0", "BlockRemoved", 1)
+    metrics.kv_event_lag("sim-0", 0.003)
+    metrics.kv_event_gap("sim-0", 2)
+    metrics.kv_event_replay("sim-0", "ok")
+    metrics.kv_event_replay("sim-1", "failed")
+    metrics.kv_stream_reset("sim-1", "gap")
+    metrics.kv_event_decode_error("sim-1")
+
     _compare("after_events.txt", _stable(metrics.render()))
 
 

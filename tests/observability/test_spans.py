@@ -10,7 +10,7 @@ import pytest
 from starlette.types import Message, Scope
 
 from burstsched.admission import Role
-from burstsched.framework import Decision, EndpointSnapshot, ScoredEndpoint
+from burstsched.framework import Decision, EndpointSnapshot, PrefixMatch, ScoredEndpoint
 from burstsched.telemetry import Tracing, TracingSettings
 from burstsched.telemetry import attributes as attr
 from burstsched.telemetry.receiver import ReceivedSpan, TraceReceiver
@@ -46,7 +46,8 @@ def _decision() -> Decision:
         (
             ScoredEndpoint(a, {"prefix-cache-scorer": 1.0, "queue-scorer": 0.5}, 4.0),
             ScoredEndpoint(b, {"prefix-cache-scorer": 0.0, "queue-scorer": 1.0}, 2.0),
-        )
+        ),
+        {"sim-0": PrefixMatch(12, 12, 16, "precise"), "sim-1": PrefixMatch(0, 12, 16, "precise")},
     )
 
 
@@ -132,6 +133,11 @@ async def test_a_request_trace_continues_the_client_trace_and_nests_its_children
     assert schedule.attributes[attr.ENDPOINT] == "sim-0"
     assert schedule.attributes[attr.GROUP_SIZE] == 3
     assert schedule.attributes[attr.SCHEDULE_PLACED_BY] == "window"
+    assert schedule.attributes[attr.PREFIX_INDEX] == "precise"
+    assert (
+        schedule.attributes[attr.PREFIX_MATCHED_BLOCKS],
+        schedule.attributes[attr.PREFIX_TOTAL_BLOCKS],
+    ) == (12, 12)
     assert admission.end_ns <= schedule.start_ns <= client.start_ns
     scores = {
         e.attributes[attr.ENDPOINT]: e.attributes for e in schedule.events if e.name == attr.EVENT_SCORE

@@ -6,7 +6,7 @@ naming the difference, so fixing the simulator turns the mark into a failure tha
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -14,8 +14,18 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import zmq
+import zmq.asyncio
 
-from burstsched.kv_events import AllBlocksCleared, BlockStored, KVEventMessage
+from burstsched.kv_events import (
+    REPLAY_END_SEQ,
+    AllBlocksCleared,
+    BlockStored,
+    KVEventMessage,
+    decode_batch,
+    decode_seq,
+    encode_seq,
+)
 from burstsched.testing.backends import (
     Backend,
     Sample,
@@ -32,6 +42,10 @@ from burstsched.workloads.contexts import context_text
 pytestmark = pytest.mark.anyio
 
 MAX_TOKENS = 4
+# A request that must still be running when a test looks: several seconds of generation on the CPU replica
+# (~400-600 tokens/s measured); it is aborted as soon as the test is done with it.
+RUNNING_MAX_TOKENS = 4096
+STATE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,19 +123,33 @@ def _expected_hit(cached_sequence: list[int], prompt: list[int], block_size: int
     return min(common, len(prompt) - 1) // block_size * block_size
 
 
+async def _replica_state(
+    client: httpx.AsyncClient, backend: Backend, holds: Callable[[float, float], bool], timeout_s: float
+) -> None:
+    """Poll the replica's gauges until ``holds(running, waiting)`` (bounded: fails after ``timeout_s``)."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            samples = await metric_samples(client, backend)
+            running = total(samples, "vllm:num_requests_running")
+            if holds(running, total(samples, "vllm:num_requests_waiting")):
+                return
+            await anyio.sleep(0.05)
+
+
 @asynccontextmanager
 async def _running_request(client: httpx.AsyncClient, backend: Backend) -> AsyncIterator[None]:
-    """A streamed request that is past its first token and still running while the body runs."""
-    body = _completion(backend, context_text("contract-running", 5, 0), max_tokens=300)
+    """A streamed request the replica counts as running while the body runs; gone when the body ends.
+
+    The body starts once ``vllm:num_requests_running`` shows it (not after a guessed sleep), and with
+    RUNNING_MAX_TOKENS it keeps generating for seconds after that. Leaving the stream unread aborts the
+    request; the exit waits until the replica is idle again, so the next test finds no request of ours.
+    """
+    body = _completion(backend, context_text("contract-running", 5, 0), max_tokens=RUNNING_MAX_TOKENS)
     async with client.stream("POST", f"{backend.url}/v1/completions", json=body) as response:
         assert response.status_code == 200
-        lines = response.aiter_lines()
-        async for line in lines:
-            if line.startswith("data:"):
-                break
+        await _replica_state(client, backend, lambda running, _: running >= 1, STATE_TIMEOUT_S)
         yield
-        async for _ in lines:
-            pass
+    await _replica_state(client, backend, lambda running, waiting: running == waiting == 0, STATE_TIMEOUT_S)
 
 
 async def test_tokenize_prompt_and_messages(backend: Backend) -> None:
@@ -285,8 +313,13 @@ async def test_reset_prefix_cache_reports_success(backend: Backend) -> None:
         idle = await client.post(f"{backend.url}/reset_prefix_cache")
         async with _running_request(client, backend):
             busy = await client.post(f"{backend.url}/reset_prefix_cache")
+            during = await metric_samples(client, backend)
+        after = await client.post(f"{backend.url}/reset_prefix_cache")
+    # Running before the reset was sent and still running once it answered: it was judged while busy.
+    assert total(during, "vllm:num_requests_running") == 1
     assert (idle.status_code, idle.json()) == (200, {"success": True})
     assert (busy.status_code, busy.json()) == (200, {"success": False})
+    assert (after.status_code, after.json()) == (200, {"success": True})
 
 
 async def _collect(sock: Any, until: Any, timeout_s: float = 10.0) -> list[KVEventMessage]:
@@ -334,6 +367,7 @@ async def test_kv_events_decode(backend: Backend) -> None:
     assert sum(len(e.block_hashes) for e in stored) == 3
     assert [t for e in stored for t in e.token_ids] == ids[: 3 * bs]
     assert all(e.block_size == bs and len(e.token_ids) == len(e.block_hashes) * bs for e in stored)
+    assert all(e.medium == "GPU" for e in stored)
     assert stored[0].parent_block_hash is None
     for parent, child in zip(stored, stored[1:], strict=False):
         assert child.parent_block_hash == parent.block_hashes[-1]
@@ -363,3 +397,41 @@ async def test_all_blocks_cleared_goes_out_with_the_next_step(backend: Backend) 
     assert before_step is None
     assert with_step is not None
     assert [type(e) for e in with_step.batch.events] == [AllBlocksCleared, AllBlocksCleared]
+
+
+async def test_kv_event_replay_answers_with_the_topic_frame(backend: Backend) -> None:
+    """A DEALER asking the replay socket from 0 gets ``[b"", topic, seq, payload]`` per buffered batch, then
+    ``[b"", b"", -1, b""]`` (vLLM 0.32's frames; the router's event stream reads them)."""
+    assert backend.kv_events_endpoint is not None and backend.kv_replay_endpoint is not None
+    async with httpx.AsyncClient(timeout=60) as client, kv_subscriber(backend.kv_events_endpoint) as sock:
+        for attempt in range(20):  # until the subscription has joined and seen a batch
+            prompt = [4000 + attempt, *range(200, 200 + backend.block_size + 1)]
+            await sse_chunks(client, f"{backend.url}/v1/completions", _completion(backend, prompt, 1))
+            seen = await next_message(sock, 1.0)
+            if seen is not None:
+                break
+        else:
+            raise AssertionError("no KV event reached the subscriber")
+    ctx = zmq.asyncio.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(backend.kv_replay_endpoint)
+    try:
+        await dealer.send_multipart([b"", encode_seq(0)])
+        answers = []
+        with anyio.fail_after(10):
+            while True:
+                frames = await dealer.recv_multipart()
+                answers.append(frames)
+                if decode_seq(frames[-2]) == REPLAY_END_SEQ:
+                    break
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+    *batches, end = answers
+    assert end == [b"", b"", encode_seq(REPLAY_END_SEQ), b""]
+    assert batches and all(len(frames) == 4 and frames[0] == b"" for frames in batches)
+    assert {frames[1] for frames in batches} == {seen.topic.encode()}
+    seqs = [decode_seq(frames[2]) for frames in batches]
+    assert seqs == sorted(seqs) and seen.seq in seqs
+    assert all(decode_batch(frames[3]).events for frames in batches)

@@ -146,7 +146,9 @@ def test_error_message_lists_every_issue() -> None:
     assert "pool.scrape_interval_ms:" in text and "limits.max_body_bytes:" in text
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "prefix-aware.yaml", "random.yaml", "burst.yaml"])
+@pytest.mark.parametrize(
+    "name", ["default.yaml", "prefix-aware.yaml", "random.yaml", "burst.yaml", "precise.yaml"]
+)
 def test_shipped_configs_load_and_build(name: str) -> None:
     config = load_config(REPO / "config" / name)
     assert config.endpoints == []

@@ -125,7 +125,7 @@ async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int) -> dict[i
         await sock.send_multipart([b"", encode_seq(start)])
         out: dict[int, bytes] = {}
         while True:
-            _, seq_frame, payload = await sock.recv_multipart()
+            _, _topic, seq_frame, payload = await sock.recv_multipart()  # vLLM 0.32's four frames
             seq = decode_seq(seq_frame)
             if seq == REPLAY_END_SEQ:
                 return out

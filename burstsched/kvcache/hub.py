@@ -1,0 +1,156 @@
+"""The event hub: follows every replica's KV-event stream and hands the batches to the consumer plugins.
+
+The app's lifespan owns it: :meth:`KVEventHub.run` runs one :class:`EventStream` per endpoint with an events
+address until cancelled, with one ZMQ context for all. The consumers (plugins implementing
+:class:`~burstsched.framework.KVEventConsumer`, e.g. the precise prefix producer) are told when an endpoint's
+stream starts (``on_kv_stream_live``), each batch in sequence order, each reset, and when it stops. An
+observer (the router's metrics) counts events, lag, gaps, replays, resets and undecodable messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import anyio
+import zmq
+import zmq.asyncio
+
+from burstsched.framework import KVEventConsumer
+from burstsched.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from burstsched.kvcache.addresses import StreamAddress
+from burstsched.kvcache.stream import EventStream
+
+log = logging.getLogger(__name__)
+
+
+class HubObserver(Protocol):
+    """What the hub reports (the router's metrics implement it)."""
+
+    def kv_events(self, endpoint: str, kind: str, count: int) -> None: ...
+
+    def kv_event_lag(self, endpoint: str, seconds: float) -> None: ...
+
+    def kv_event_gap(self, endpoint: str, missing: int) -> None: ...
+
+    def kv_event_replay(self, endpoint: str, outcome: str) -> None: ...
+
+    def kv_stream_reset(self, endpoint: str, reason: str) -> None: ...
+
+    def kv_event_decode_error(self, endpoint: str) -> None: ...
+
+
+def _kind(event: object) -> str:
+    if isinstance(event, BlockStored):
+        return "BlockStored"
+    if isinstance(event, BlockRemoved):
+        return "BlockRemoved"
+    if isinstance(event, AllBlocksCleared):
+        return "AllBlocksCleared"
+    return "other"
+
+
+class KVEventHub:
+    """Every endpoint's stream, fanned out to the consumers; ``wall_clock`` (epoch seconds) gives the lag."""
+
+    def __init__(
+        self,
+        addresses: Sequence[StreamAddress],
+        consumers: Sequence[KVEventConsumer],
+        *,
+        topic: str = "",
+        replay_timeout_s: float = 2.0,
+        observer: HubObserver | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._addresses = list(addresses)
+        self._consumers = list(consumers)
+        self._topic = topic
+        self._replay_timeout_s = replay_timeout_s
+        self._observer = observer
+        self._wall_clock = wall_clock
+        self._streams: dict[str, EventStream] = {}
+        self.last_event_at: dict[str, float] = {}
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [a.endpoint for a in self._addresses]
+
+    def stream(self, endpoint: str) -> EventStream | None:
+        return self._streams.get(endpoint)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow every stream until cancelled; tells the consumers when each starts and stops."""
+        if not self._addresses or not self._consumers:
+            task_status.started()
+            return
+        context = zmq.asyncio.Context()
+        try:
+            async with anyio.create_task_group() as tg:
+                for address in self._addresses:
+                    stream = EventStream(
+                        address.endpoint,
+                        address.events,
+                        self,
+                        context,
+                        replay_address=address.replay,
+                        topic=self._topic,
+                        replay_timeout_s=self._replay_timeout_s,
+                    )
+                    self._streams[address.endpoint] = stream
+                    for consumer in self._consumers:
+                        consumer.on_kv_stream_live(address.endpoint)
+                    tg.start_soon(stream.run)
+                    log.info("following KV events of %s at %s", address.endpoint, address.events)
+                task_status.started()
+        finally:
+            for endpoint in self._streams:
+                for consumer in self._consumers:
+                    consumer.on_kv_stream_closed(endpoint)
+            self._streams.clear()
+            context.term()
+
+    def endpoint_down(self, endpoint: str) -> None:
+        """``endpoint`` failed its checks: whatever comes next from it starts a new sequence."""
+        stream = self._streams.get(endpoint)
+        if stream is not None:
+            stream.forget()
+
+    # --- StreamSink -----------------------------------------------------------------------------------
+
+    def batch(self, endpoint: str, seq: int, batch: EventBatch) -> None:
+        observer = self._observer
+        if observer is not None:
+            counts: dict[str, int] = {}
+            for event in batch.events:
+                kind = _kind(event)
+                counts[kind] = counts.get(kind, 0) + 1
+            for kind, count in counts.items():
+                observer.kv_events(endpoint, kind, count)
+            observer.kv_event_lag(endpoint, max(0.0, self._wall_clock() - batch.ts))
+        self.last_event_at[endpoint] = self._wall_clock()
+        for consumer in self._consumers:
+            consumer.on_kv_events(endpoint, batch)
+
+    def reset(self, endpoint: str, reason: str) -> None:
+        log.warning("KV events of %s: dropping its prefix entries (%s)", endpoint, reason)
+        if self._observer is not None:
+            self._observer.kv_stream_reset(endpoint, reason)
+        for consumer in self._consumers:
+            consumer.on_kv_stream_reset(endpoint, reason)
+
+    def gap(self, endpoint: str, missing: int) -> None:
+        log.info("KV events of %s: %d batches missing, replaying", endpoint, missing)
+        if self._observer is not None:
+            self._observer.kv_event_gap(endpoint, missing)
+
+    def replay(self, endpoint: str, outcome: str) -> None:
+        if self._observer is not None:
+            self._observer.kv_event_replay(endpoint, outcome)
+
+    def decode_error(self, endpoint: str, error: str) -> None:
+        log.warning("KV events of %s: undecodable message: %s", endpoint, error)
+        if self._observer is not None:
+            self._observer.kv_event_decode_error(endpoint)

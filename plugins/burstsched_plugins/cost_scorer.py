@@ -1,0 +1,128 @@
+"""``cost-scorer``: each endpoint scored by the time to first token this request (or group) would see there.
+
+The estimate, in seconds, for endpoint ``e`` (tokens are the engine's with a precise prefix match, else
+pseudo-tokens of about 4 bytes):
+
+    own_e    = uncached prompt tokens of the request on e (its length minus e's matched prefix)
+               + (group_size - 1) · group_tail_tokens        (a group computes its shared prefix once)
+    queue_e  = the router's queued prefill on e (tokens of requests sent there that have no first token yet)
+               + (pending_e + others_waiting_e) · own_e      (placed by this window / queued by other clients)
+    ttft_e   = overhead_s + (queue_e + own_e) / rate_e · (1 + decode_slowdown · running_e)
+    cost_e   = ttft_e + work_weight · own_e / rate_e
+
+``rate_e`` is the replica's prefill speed learned from its metrics (``prefill_tokens_per_s`` of the snapshot);
+until it is known, the mean of the other candidates' (or ``default_prefill_tokens_per_s`` when none is), so
+unequal replicas are weighed by their own speed and an unmeasured one is neither favoured nor shunned. A
+speed within ``speed_tolerance`` of the mean counts as the mean: on the seed experiment two alike CPU
+replicas, one sharing its core with the client, learned speeds far enough apart to draw 9 of 10 new
+prefixes to one of them. The
+last term charges the prefill a choice adds to the pool (which later requests wait behind): with
+``work_weight`` 0 the scorer is greedy for this request's TTFT alone.
+
+The score is ``min_cost / cost_e``: 1.0 for the cheapest endpoint (and for any within ``tie_tolerance`` of
+it), lower for the others, so with this scorer alone (weight 1) the max-score picker takes the cheapest and
+breaks ties by its rule (distinct cold prefixes on an idle pool cost about the same everywhere and spread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from pydantic import Field
+
+from burstsched.framework import (
+    CycleState,
+    EndpointSnapshot,
+    PluginContext,
+    PluginParameters,
+    PrefixMatch,
+    SchedRequest,
+    uncached_tokens,
+)
+
+
+class CostParameters(PluginParameters):
+    default_prefill_tokens_per_s: float = Field(
+        default=4000.0,
+        gt=0,
+        description="Prefill speed assumed for an endpoint until its metrics tell its own (tokens/s).",
+    )
+    overhead_s: float = Field(
+        default=0.02, ge=0, description="Fixed cost of any request (front-end, first decode step), seconds."
+    )
+    decode_slowdown: float = Field(
+        default=0.01,
+        ge=0,
+        description="Prefill slows by this share per running sequence (decodes share each engine step).",
+    )
+    group_tail_tokens: int = Field(
+        default=64, ge=0, description="Tokens each further member of a group adds past the shared prefix."
+    )
+    speed_tolerance: float = Field(
+        default=0.5,
+        ge=0,
+        description="Learned prefill speeds within this share of the pool's mean count as the mean: the "
+        "speeds seen by requests vary with what shares a replica's CPU or GPU, and alike replicas must not "
+        "draw every new prefix to the one that looked faster (only really unequal replicas are weighed).",
+    )
+    tie_tolerance: float = Field(
+        default=0.1,
+        ge=0,
+        description="Costs within this share of the cheapest count as equal (score 1.0), so the picker's "
+        "tie-break spreads them: idle replicas whose learned speeds differ by noise stay interchangeable.",
+    )
+    work_weight: float = Field(
+        default=1.0,
+        ge=0,
+        description="Weight of the prefill work a choice adds to the pool (delaying later requests), "
+        "relative to this request's own time to first token.",
+    )
+
+
+class CostScorer:
+    """Scores endpoints by estimated time to first token (and the work added), cheapest 1.0."""
+
+    Parameters = CostParameters
+    consumes: ClassVar[tuple[type, ...]] = (PrefixMatch,)
+
+    def __init__(self, name: str, parameters: CostParameters, context: PluginContext) -> None:
+        self._name = name
+        self._p = parameters
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def costs(
+        self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot], state: CycleState
+    ) -> dict[str, float]:
+        """The estimated cost of each endpoint, in seconds."""
+        p = self._p
+        tail = (request.group_size - 1) * p.group_tail_tokens
+        known = [e.prefill_tokens_per_s for e in endpoints if e.prefill_tokens_per_s]
+        mean_rate = sum(known) / len(known) if known else p.default_prefill_tokens_per_s
+        out: dict[str, float] = {}
+        for e in endpoints:
+            own = uncached_tokens(request, state.get(e.name, PrefixMatch)) + tail
+            others = 0 if e.stale else max(0, e.waiting - e.in_flight)
+            queue = e.queued_prefill_tokens + (e.pending + others) * own
+            rate = e.prefill_tokens_per_s or mean_rate
+            if abs(rate / mean_rate - 1.0) <= p.speed_tolerance:
+                rate = mean_rate  # alike replicas are alike: noise in the learned speeds must not steer
+            slowdown = 1.0 + p.decode_slowdown * (0 if e.stale else e.running)
+            ttft = p.overhead_s + (queue + own) / rate * slowdown
+            out[e.name] = ttft + p.work_weight * own / rate
+        return out
+
+    def score(
+        self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot], state: CycleState
+    ) -> Mapping[str, float]:
+        costs = self.costs(request, endpoints, state)
+        if not costs:
+            return {}
+        best = min(costs.values())
+        if best <= 0.0:
+            return {name: 1.0 if cost <= 0.0 else 0.0 for name, cost in costs.items()}
+        near = best * (1.0 + self._p.tie_tolerance)
+        return {name: 1.0 if cost <= near else best / cost for name, cost in costs.items()}
