@@ -1,0 +1,223 @@
+"""Document QA: many long documents, skewed popularity, one short question per request.
+
+The workload burstsched is judged on. ``D`` documents, each longer than 2k tokens and built like the seed
+experiment's contexts (distinct operations observations after a unique id, so no two documents share a
+block), are asked questions: each request is one document followed by a question no other request asks,
+as one user chat message. Documents are drawn by a Zipf law (a few are hot, most are cold) and requests
+arrive as a Poisson process. With enough documents the distinct document blocks exceed all the replicas'
+KV caches together, so where a request lands decides whether its document is still cached there.
+
+Everything here is pure and deterministic: :func:`build_sequence` fixes the request sequence (documents,
+questions, arrival times) from an injected RNG, so every routing policy gets the identical sequence;
+:func:`build_corpus` sizes the documents with a tokenizer callback (the replica's ``/tokenize``);
+:func:`ideal_hits` is the hit rate perfect document affinity with an infinite cache would reach.
+Running the sequence against a URL is :mod:`burstsched.workloads.docqa_run`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from burstsched.workloads.contexts import context_text
+from burstsched.workloads.zipf import ZipfSampler
+
+Tokenize = Callable[[str], Awaitable[list[int]]]
+"""Token ids of a text sent as one user chat message (chat template applied), as the replicas count them."""
+
+MIN_DOCUMENT_TOKENS = 2048
+SEPARATOR = "\n\n"
+QUESTION_TEXTS = (
+    "Which host degraded first, and when?",
+    "What single change would you roll back?",
+    "Which signal looks like noise?",
+    "Name the two most worrying observations.",
+    "Which service should be paged?",
+    "What happened during the nightly batch?",
+    "Which metric leads the others?",
+    "Summarize the incident in one sentence.",
+    "What should engineers measure next?",
+    "Is there evidence of a regional traffic shift?",
+    "Which observation contradicts the rest?",
+    "What is the likely blast radius?",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DocQASpec:
+    """One document-QA workload. Lengths are in the replicas' tokens, rates in requests per second."""
+
+    documents: int = 100
+    zipf_exponent: float = 1.0
+    doc_tokens_min: int = 2200
+    doc_tokens_max: int = 3600
+    max_tokens: int = 16
+    rate: float = 2.0
+    duration_s: float = 60.0
+    max_requests: int = 400
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.documents < 1:
+            raise ValueError("documents must be >= 1")
+        if self.doc_tokens_min <= MIN_DOCUMENT_TOKENS:
+            raise ValueError(f"doc_tokens_min must be > {MIN_DOCUMENT_TOKENS} (documents longer than 2k)")
+        if self.doc_tokens_max < self.doc_tokens_min:
+            raise ValueError("doc_tokens_max must be >= doc_tokens_min")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.rate <= 0 or self.duration_s <= 0 or self.max_requests < 1:
+            raise ValueError("rate and duration_s must be > 0, max_requests >= 1")
+        if self.zipf_exponent < 0:
+            raise ValueError("zipf_exponent must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class DocQARequest:
+    """One request of the sequence: which document, which question, when it is sent (s from the start)."""
+
+    index: int
+    document: int
+    question: str
+    arrival_s: float
+
+
+def question_text(index: int, rng: random.Random) -> str:
+    """A question no other request of the sequence asks (it carries the request's number)."""
+    return f"Question {index + 1}: {rng.choice(QUESTION_TEXTS)}"
+
+
+def build_sequence(spec: DocQASpec, rng: random.Random) -> list[DocQARequest]:
+    """The request sequence: Zipf-drawn documents, distinct questions, Poisson arrivals at ``spec.rate``.
+
+    Each request takes the same three draws from ``rng`` whatever the rate (its gap is a unit exponential
+    divided by the rate), so one seed gives the same documents and questions at every rate, only spread
+    over time differently. The sequence ends at ``max_requests`` or at ``duration_s``, whichever is first.
+    """
+    sampler = ZipfSampler(spec.documents, spec.zipf_exponent)
+    requests: list[DocQARequest] = []
+    now = 0.0
+    for index in range(spec.max_requests):
+        now += rng.expovariate(1.0) / spec.rate
+        document = sampler.sample(rng)
+        question = question_text(index, rng)
+        if now >= spec.duration_s:
+            break
+        requests.append(DocQARequest(index, document, question, now))
+    return requests
+
+
+def prompt_text(document_text: str, question: str) -> str:
+    """The user message: the whole document, then the question."""
+    return f"{document_text}{SEPARATOR}{question}"
+
+
+def document_text(seed: int, document: int, lines: int) -> str:
+    """Document ``document`` of the corpus ``seed``: ``lines`` observations after a unique id."""
+    return context_text(f"doc-{document}-corpus-{seed}", lines, seed * 1_000_003 + document)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class Corpus:
+    """The documents' texts and, per document, the tokens every request of it shares (chat-rendered)."""
+
+    seed: int
+    texts: tuple[str, ...]
+    shared_tokens: tuple[int, ...]
+
+    def prompt(self, request: DocQARequest) -> str:
+        return prompt_text(self.texts[request.document], request.question)
+
+    def blocks(self, documents: Sequence[int] | None, block_size: int) -> int:
+        """Distinct full blocks of the given documents' shared parts (all documents when None)."""
+        chosen = range(len(self.texts)) if documents is None else sorted(set(documents))
+        return sum(self.shared_tokens[d] // block_size for d in chosen)
+
+
+async def shared_tokens(tokenize: Tokenize, text: str) -> int:
+    """Tokens every request of a document shares: the common prefix of two prompts whose questions differ
+    from their number on (chat template included, so it is what the engine's prefix cache can share)."""
+    first = await tokenize(prompt_text(text, "Question 1: " + QUESTION_TEXTS[0]))
+    second = await tokenize(prompt_text(text, "Question 2: " + QUESTION_TEXTS[3]))
+    return common_prefix_length(first, second)
+
+
+async def remeasure_corpus(corpus: Corpus, tokenize: Tokenize) -> Corpus:
+    """The same texts with their shared tokens counted by ``tokenize`` (the serving replicas' own)."""
+    counts = [await shared_tokens(tokenize, text) for text in corpus.texts]
+    return Corpus(corpus.seed, corpus.texts, tuple(counts))
+
+
+async def build_corpus(spec: DocQASpec, tokenize: Tokenize, rng: random.Random) -> Corpus:
+    """``spec.documents`` documents, each of a length drawn uniformly in the spec's token range.
+
+    One sample document gives the tokens per line; each document then gets enough lines for its drawn
+    length, and lines are added until the tokens shared by two different questions on it (the part every
+    request of the document shares) reach that length. ``rng`` draws the lengths only; the texts depend on
+    ``spec.seed`` and the tokenizer.
+    """
+    sample_lines = 40
+    sample = await tokenize(document_text(spec.seed, -1, sample_lines))
+    tokens_per_line = max(1.0, len(sample) / sample_lines)
+    texts: list[str] = []
+    shared: list[int] = []
+    for document in range(spec.documents):
+        target = rng.randint(spec.doc_tokens_min, spec.doc_tokens_max)
+        lines = math.ceil(target / tokens_per_line)
+        for _ in range(8):
+            text = document_text(spec.seed, document, lines)
+            count = await shared_tokens(tokenize, text)
+            if count >= target:
+                break
+            lines += max(1, math.ceil((target - count) / tokens_per_line))
+        else:
+            raise RuntimeError(f"document {document}: could not reach {target} tokens (tokenizer?)")
+        texts.append(text)
+        shared.append(count)
+    return Corpus(spec.seed, tuple(texts), tuple(shared))
+
+
+def ideal_hits(
+    documents: Sequence[int], shared_tokens: Sequence[int], prompt_tokens: Sequence[int], block_size: int
+) -> list[int]:
+    """Per request, the prefix-cache hit (tokens) of perfect document affinity with an infinite cache.
+
+    A document's first request is cold (0); every later one hits all full blocks of the part it shares
+    with the earlier ones, capped as vLLM caps a hit: at the prompt's length less one token, rounded down
+    to whole blocks (the last token is always computed).
+    """
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    if len(documents) != len(prompt_tokens):
+        raise ValueError("one prompt length per request")
+    seen: set[int] = set()
+    hits: list[int] = []
+    for document, prompt in zip(documents, prompt_tokens, strict=True):
+        if document in seen:
+            shared = shared_tokens[document] // block_size * block_size
+            hits.append(max(0, min(shared, (prompt - 1) // block_size * block_size)))
+        else:
+            seen.add(document)
+            hits.append(0)
+    return hits
+
+
+def ideal_hit_rate(
+    documents: Sequence[int], shared_tokens: Sequence[int], prompt_tokens: Sequence[int], block_size: int
+) -> float:
+    """Σ ideal hits / Σ prompt tokens (NaN for an empty sequence): the measured hit rate's ceiling."""
+    total = sum(prompt_tokens)
+    if total == 0:
+        return math.nan
+    return sum(ideal_hits(documents, shared_tokens, prompt_tokens, block_size)) / total

@@ -1,0 +1,498 @@
+"""Document QA through burstsched, client-side random routing and the peer routers, on the same sequence.
+
+    python loadtests/docqa.py [--backend sim|vllm] [--replicas N] [--kv-blocks B | --cache-fraction F]
+        [--rate R | --rates R1,R2 | --load L[,L2]] [--duration S] [--max-requests N] [--seed S]
+        [--targets burstsched:config/default.yaml,random,sglang:cache_aware,sglang:round_robin,
+                   vllm-router:cache_aware]
+        [--documents D] [--zipf 1.0] [--doc-tokens 2200-3600] [--max-tokens 16] [--time-scale 0.1]
+
+D documents (each longer than 2k tokens), Zipf popularity, a distinct short question per request, Poisson
+arrivals; the sequence is fixed by ``--seed``, so every target gets the identical requests at the identical
+times (burstsched/workloads/docqa.py). Between targets the replicas' prefix caches are reset.
+
+Sizing. Documents are sized with the serving tokenizer (the simulator's built-in one, or the tiny model's
+on real vLLM; a one-replica simulator with that tokenizer sizes them before the pool starts, then the real
+replicas' ``/tokenize`` measures them). Unless ``--kv-blocks`` is given, each replica gets
+``cache_fraction × (distinct document blocks of the run's working set) / replicas`` blocks, so all KV caches
+together hold that fraction (default 0.5) of the documents the sequence asks about.
+
+Rates. ``--rate``/``--rates`` are requests per second (wall clock). ``--load L`` is relative to the pool's
+measured cold capacity (burstsched/workloads/capacity.py): each replica is sent ``--calibration``
+distinct, never-cached documents straight, one at a time, all replicas at once; the capacity is the sum
+of the replicas' completed requests per busy second, i.e. the rate the pool sustains when nothing hits the
+cache. Prefix hits raise a policy's real capacity above it, so loads past 1.0 are meaningful.
+
+Output: a progress line on stderr, the markdown table on stdout, and under ``--out-dir`` (default
+loadtests/reports) ``<tag>.json`` (setup, summaries, every request's record), ``<tag>.md`` and PNG plots
+(TTFT CDF per target for each rate; hit rate and TTFT p95 against offered load when several rates run).
+Real vLLM must run under ``flock /tmp/burstsched-realvllm.lock``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import json
+import math
+import random
+import shlex
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+import httpx
+
+from burstsched.workloads.capacity import Capacity, measure_cold_capacity
+from burstsched.workloads.docqa import (
+    Corpus,
+    DocQARequest,
+    DocQASpec,
+    Tokenize,
+    build_corpus,
+    build_sequence,
+    document_text,
+    prompt_text,
+    remeasure_corpus,
+)
+from burstsched.workloads.docqa_plots import load_curves, ttft_cdf
+from burstsched.workloads.docqa_report import markdown_table, report_markdown
+from burstsched.workloads.docqa_run import (
+    CacheConfig,
+    Progress,
+    ProgressSink,
+    RunSummary,
+    TargetRun,
+    read_cache_config,
+    run_target,
+)
+from burstsched.workloads.router_process import RouterStartError
+from burstsched.workloads.targets import (
+    ClientRandomTarget,
+    Endpoints,
+    Target,
+    TargetSpec,
+    burstsched_target,
+    parse_targets,
+)
+from loadtests.peers import PEERS, PeerUnavailable, PeerVenvError, ensure_venv, peer_target
+
+DEFAULT_TARGETS = (
+    "burstsched:config/default.yaml,random,sglang:cache_aware,sglang:round_robin,vllm-router:cache_aware"
+)
+VLLM_BLOCK_SIZE = 128
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--targets", default=DEFAULT_TARGETS)
+    parser.add_argument("--documents", type=int, default=100)
+    parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of document popularity")
+    parser.add_argument("--doc-tokens", default="2200-3600", help="document length range, tokens")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    rates = parser.add_mutually_exclusive_group()
+    rates.add_argument("--rate", type=float, default=None, help="requests/s")
+    rates.add_argument("--rates", default=None, help="comma-separated requests/s")
+    rates.add_argument("--load", default=None, help="comma-separated multiples of the cold capacity")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per target")
+    parser.add_argument("--max-requests", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per replica")
+    parser.add_argument("--cache-fraction", type=float, default=0.5)
+    parser.add_argument("--block-size", type=int, default=16, help="simulator only (vLLM on CPU: 128)")
+    parser.add_argument("--time-scale", type=float, default=0.1, help="simulator only")
+    parser.add_argument("--calibration", type=int, default=3, help="cold requests per replica for --load")
+    parser.add_argument("--drain-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--max-send-lag-ms", type=float, default=250.0, help="repeat a run sent later than this"
+    )
+    parser.add_argument("--retries", type=int, default=1, help="repeats of a run whose send lag was too high")
+    parser.add_argument("--tag", default=None, help="report file names (default docqa-<backend>-<N>r)")
+    parser.add_argument("--out-dir", type=Path, default=Path("loadtests/reports"))
+    args = parser.parse_args(argv)
+    low, _, high = args.doc_tokens.partition("-")
+    args.doc_tokens_min, args.doc_tokens_max = int(low), int(high or low)
+    if args.replicas < 1:
+        parser.error("--replicas must be >= 1")
+    return args
+
+
+# -- the pool ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Pool:
+    endpoints: Endpoints
+    model: str
+    router_args: tuple[str, ...] = ()
+    """burstsched's extra command line: the replicas' KV-event addresses and the tokenizer (precise mode)."""
+
+
+def _event_args(
+    names: Sequence[str], events: Sequence[str | None], replays: Sequence[str | None]
+) -> list[str]:
+    args: list[str] = []
+    for name, address, replay in zip(names, events, replays, strict=True):
+        if address is not None:
+            args += ["--kv-events", f"{name}={address}"]
+        if replay is not None:
+            args += ["--kv-events-replay", f"{name}={replay}"]
+    return args
+
+
+def tokenizer_of(client: httpx.AsyncClient, url: str, model: str) -> Tokenize:
+    """Token ids of a text as one user message, through a replica's ``/tokenize`` (chat template applied)."""
+
+    async def tokenize(text: str) -> list[int]:
+        body = {"model": model, "messages": [{"role": "user", "content": text}]}
+        response = await client.post(f"{url}/tokenize", json=body)
+        response.raise_for_status()
+        return [int(t) for t in response.json()["tokens"]]
+
+    return tokenize
+
+
+def tokenizer_dir(backend: str) -> Path | None:
+    """The tokenizer the replicas use: the tiny model's for real vLLM, the built-in one (None) otherwise."""
+    if backend != "vllm":
+        return None
+    from burstsched.testing import ensure_model
+
+    return ensure_model()
+
+
+@asynccontextmanager
+async def sizing_replica(backend: str) -> AsyncIterator[Pool]:
+    """A one-replica simulator with the serving tokenizer, to size documents before the pool exists."""
+    from burstsched.sim import SimConfig, SimPool
+
+    folder = tokenizer_dir(backend)
+    config = SimConfig(time_scale=0.0, tokenizer=None if folder is None else str(folder))
+    async with SimPool(1, config) as pool:
+        yield Pool([(pool.names[0], pool.urls[0])], config.served_model_name)
+
+
+@asynccontextmanager
+async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int) -> AsyncIterator[Pool]:
+    if args.backend == "sim":
+        from burstsched.sim import SimConfig, SimPool
+
+        config = SimConfig(
+            time_scale=args.time_scale,
+            block_size=args.block_size,
+            num_gpu_blocks=kv_blocks,
+            max_model_len=max_model_len,
+            kv_events_endpoint="tcp://127.0.0.1:*",
+            kv_events_replay_endpoint="tcp://127.0.0.1:*",
+        )
+        async with SimPool(args.replicas, config) as pool:
+            router_args = _event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
+            yield Pool(
+                list(zip(pool.names, pool.urls, strict=True)),
+                config.served_model_name,
+                (*router_args, "--tokenizer", "remote"),
+            )
+        return
+    from burstsched.testing import VllmConfig, ensure_model, real_vllm_pool
+
+    vllm = VllmConfig(
+        num_gpu_blocks_override=kv_blocks,
+        max_model_len=max_model_len,
+        prompt_tokens_details=True,
+        kv_events=True,
+    )
+    async with real_vllm_pool(args.replicas, vllm) as pool:
+        router_args = _event_args(
+            pool.names,
+            [r.kv_events_endpoint for r in pool.replicas],
+            [r.kv_replay_endpoint for r in pool.replicas],
+        )
+        yield Pool(pool.endpoints, pool.model, (*router_args, "--tokenizer", str(ensure_model())))
+
+
+# -- targets -------------------------------------------------------------------------------------------
+def build_targets(
+    specs: Sequence[TargetSpec], seed: int, router_args: Sequence[str] = ()
+) -> tuple[list[Target], dict[str, str]]:
+    """Targets to run, and those skipped with the reason (a peer whose venv cannot be built)."""
+    targets: list[Target] = []
+    skipped: dict[str, str] = {}
+    for spec in specs:
+        if spec.kind == "burstsched":
+            config = Path(spec.option or "config/default.yaml")
+            if not config.is_file():
+                raise SystemExit(f"target {spec.label}: no config file {config}")
+            targets.append(burstsched_target(config, extra_args=router_args))
+        elif spec.kind == "random":
+            targets.append(ClientRandomTarget(seed))
+        elif spec.kind in PEERS:
+            try:
+                ensure_venv(PEERS[spec.kind].package)
+                targets.append(peer_target(spec.kind, spec.option or "cache_aware"))
+            except (PeerVenvError, PeerUnavailable) as exc:
+                skipped[spec.label] = reason(exc)
+                print(f"skipping {spec.label}: {exc}", file=sys.stderr)
+        else:
+            known = ", ".join(["burstsched", "random", *PEERS])
+            raise SystemExit(f"unknown target kind {spec.kind!r} (known: {known})")
+    return targets, skipped
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as one line: its first line and, for a log tail, the tail's last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+
+
+def progress_line(label: str, rate: float) -> ProgressSink:
+    """One stderr line, rewritten in place, per target and rate."""
+
+    def show(p: Progress) -> None:
+        print(
+            f"\r{label} @ {rate:.2f}/s: sent {p.sent}/{p.total}, done {p.done}, failed {p.failed}, "
+            f"{p.elapsed_s:.0f} s   ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
+
+
+# -- the run -------------------------------------------------------------------------------------------
+def kv_blocks_for(args: argparse.Namespace, working_set_blocks: int, max_model_len: int, block: int) -> int:
+    if args.kv_blocks is not None:
+        blocks: int = args.kv_blocks
+        return blocks
+    per_replica = math.ceil(float(args.cache_fraction) * working_set_blocks / int(args.replicas)) + 1
+    return max(per_replica, math.ceil(max_model_len / block) + 1)
+
+
+async def main(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    block = VLLM_BLOCK_SIZE if args.backend == "vllm" else args.block_size
+    base_rate = args.rate or (float(args.rates.split(",")[0]) if args.rates else 1.0)
+    spec = DocQASpec(
+        documents=args.documents,
+        zipf_exponent=args.zipf,
+        doc_tokens_min=args.doc_tokens_min,
+        doc_tokens_max=args.doc_tokens_max,
+        max_tokens=args.max_tokens,
+        rate=base_rate,
+        duration_s=args.duration,
+        max_requests=args.max_requests,
+        seed=args.seed,
+    )
+    max_model_len = 1024 * math.ceil((spec.doc_tokens_max + 256 + spec.max_tokens) / 1024)
+    timeout = httpx.Timeout(args.drain_timeout + args.duration + 60, connect=10.0)
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+        print("sizing documents…", file=sys.stderr)
+        async with sizing_replica(args.backend) as sizer:
+            tokenize = tokenizer_of(client, sizer.endpoints[0][1], sizer.model)
+            corpus = await build_corpus(spec, tokenize, random.Random(f"docqa-lengths:{args.seed}"))
+        # The working set: documents the longest sequence asks about (the lowest rate's, at most).
+        probe = build_sequence(replace(spec, rate=1e9, duration_s=math.inf), random.Random(args.seed))
+        working_set = sorted({r.document for r in probe})
+        kv_blocks = kv_blocks_for(args, corpus.blocks(working_set, block), max_model_len, block)
+        print(
+            f"starting {args.replicas} {args.backend} replicas, {kv_blocks} KV blocks each…", file=sys.stderr
+        )
+        async with open_pool(args, kv_blocks, max_model_len) as pool:
+            cache = await read_cache_config(client, pool.endpoints[0][1])
+            corpus = await remeasure_corpus(corpus, tokenizer_of(client, pool.endpoints[0][1], pool.model))
+            capacity: Capacity | None = None
+            if args.load is not None:
+                capacity = await calibrate(client, pool, corpus, args)
+                rates = [float(x) * capacity.requests_per_s for x in args.load.split(",")]
+            elif args.rates is not None:
+                rates = [float(x) for x in args.rates.split(",")]
+            else:
+                rates = [base_rate]
+            targets, skipped = build_targets(parse_targets(args.targets), args.seed, pool.router_args)
+            runs: list[tuple[float, TargetRun]] = []
+            attempts: list[list[float]] = []
+            for rate in rates:
+                requests = build_sequence(replace(spec, rate=rate), random.Random(args.seed))
+                for target in targets:
+                    try:
+                        run, lags = await run_with_retries(
+                            client, target, pool, corpus, requests, rate, cache, args
+                        )
+                    except (PeerUnavailable, RouterStartError) as exc:
+                        print(f"\nskipping {target.label}: {exc}", file=sys.stderr)
+                        skipped[target.label] = reason(exc)
+                        continue
+                    runs.append((rate, run))
+                    attempts.append(lags)
+    setup = describe(args, spec, corpus, working_set, cache, rates, capacity)
+    setup["wall time"] = f"{time.monotonic() - started:.0f} s (sizing, replica start-up, calibration, runs)"
+    write_outputs(args, setup, runs, attempts, skipped, capacity)
+    return 0
+
+
+async def run_with_retries(
+    client: httpx.AsyncClient,
+    target: Target,
+    pool: Pool,
+    corpus: Corpus,
+    requests: Sequence[DocQARequest],
+    rate: float,
+    cache: CacheConfig,
+    args: argparse.Namespace,
+) -> tuple[TargetRun, list[float]]:
+    """Run one target; run it again (up to ``--retries`` times) while the load generator itself was late
+    (send lag p99 over ``--max-send-lag-ms``: on a shared machine, the client was starved of CPU, so the
+    arrivals were not the sequence's). Returns the last run and every attempt's send lag p99."""
+    lags: list[float] = []
+    while True:
+        run = await run_target(
+            client,
+            target,
+            pool.endpoints,
+            corpus,
+            requests,
+            pool.model,
+            rate=rate,
+            max_tokens=args.max_tokens,
+            block_size=cache.block_size,
+            drain_timeout_s=args.drain_timeout,
+            progress=progress_line(target.label, rate),
+        )
+        lags.append(run.summary.send_lag_p99_ms)
+        print(file=sys.stderr)
+        print(markdown_table([run.summary]).splitlines()[-1], file=sys.stderr)
+        if lags[-1] <= args.max_send_lag_ms or len(lags) > args.retries:
+            return run, lags
+        print(
+            f"{target.label}: send lag p99 {lags[-1]:.0f} ms > {args.max_send_lag_ms:.0f} ms: again",
+            file=sys.stderr,
+        )
+
+
+def describe(
+    args: argparse.Namespace,
+    spec: DocQASpec,
+    corpus: Corpus,
+    working_set: Sequence[int],
+    cache: CacheConfig,
+    rates: Sequence[float],
+    capacity: Capacity | None,
+) -> dict[str, str]:
+    """The report's setup section."""
+    distinct = corpus.blocks(working_set, cache.block_size)
+    cache_blocks = args.replicas * (cache.num_gpu_blocks - 1)
+    setup = {
+        "backend": args.backend,
+        "replicas": str(args.replicas),
+        "KV cache per replica": f"{cache.num_gpu_blocks} blocks of {cache.block_size} tokens",
+        "documents": f"{spec.documents}, Zipf exponent {spec.zipf_exponent}, "
+        f"{min(corpus.shared_tokens)}-{max(corpus.shared_tokens)} shared tokens each",
+        "working set": f"{len(working_set)} documents asked about, {distinct} distinct blocks; all KV caches "
+        f"together {cache_blocks} blocks ({cache_blocks / max(1, distinct):.2f}x the working set)",
+        "requests": f"max_tokens {spec.max_tokens}, temperature 0, streamed with usage; up to "
+        f"{spec.max_requests} requests or {spec.duration_s:.0f} s of arrivals; seed {spec.seed}",
+        "rates (requests/s)": ", ".join(f"{r:.2f}" for r in rates),
+        "cold capacity": "not measured",
+    }
+    if capacity is not None:
+        setup["cold capacity"] = (
+            f"{capacity.requests_per_s:.2f} requests/s (mean cold service "
+            f"{capacity.mean_service_s * 1000:.0f} ms over {capacity.samples} requests)"
+        )
+    setup["repeats"] = (
+        f"a run whose send lag p99 exceeded {args.max_send_lag_ms:.0f} ms (load generator starved of CPU) "
+        f"was run again, at most {args.retries} time(s); the table shows the last attempt, the JSON every "
+        "attempt's lag"
+    )
+    if args.backend == "sim":
+        setup["time scale"] = f"{args.time_scale} (latencies are wall-clock at this scale)"
+    return setup
+
+
+async def calibrate(
+    client: httpx.AsyncClient, pool: Pool, corpus: Corpus, args: argparse.Namespace
+) -> Capacity:
+    count = (args.calibration + 1) * len(pool.endpoints)  # one uncounted warm-up request per replica
+    prompts = [
+        prompt_text(
+            document_text(args.seed + 7919, i, corpus.texts[i % len(corpus.texts)].count("\n")),
+            "Question 0: What happened?",
+        )
+        for i in range(count)
+    ]
+    print(f"measuring cold capacity ({count} requests)…", file=sys.stderr)
+    capacity = await measure_cold_capacity(client, pool.endpoints, pool.model, prompts, args.max_tokens)
+    print(f"cold capacity {capacity.requests_per_s:.2f} requests/s", file=sys.stderr)
+    return capacity
+
+
+def write_outputs(
+    args: argparse.Namespace,
+    setup: dict[str, Any],
+    runs: Sequence[tuple[float, TargetRun]],
+    attempts: Sequence[list[float]],
+    skipped: dict[str, str],
+    capacity: Capacity | None,
+) -> None:
+    tag = args.tag or f"docqa-{args.backend}-{args.replicas}r"
+    out: Path = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    summaries: list[RunSummary] = [run.summary for _, run in runs]
+    plots: list[str] = []
+    rates = sorted({rate for rate, _ in runs})
+    for rate in rates:
+        name = f"{tag}-ttft-cdf" + (f"-{rate:.2f}" if len(rates) > 1 else "") + ".png"
+        ttfts = {
+            run.summary.target: [r.ttft_ms for r in run.records if r.ok and r.ttft_ms is not None]
+            for rr, run in runs
+            if rr == rate
+        }
+        ttft_cdf(ttfts, f"TTFT, {args.backend}, {args.replicas} replicas, {rate:.2f} requests/s", out / name)
+        plots.append(name)
+    if len(rates) > 1:
+        name = f"{tag}-load.png"
+        capacity_rps = capacity.requests_per_s if capacity is not None else None
+        load_curves(summaries, f"{args.backend}, {args.replicas} replicas", out / name, capacity_rps)
+        plots.append(name)
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    document = {
+        "command": command,
+        "setup": setup,
+        "capacity": None if capacity is None else capacity.as_json(),
+        "skipped": skipped,
+        "summaries": [s.as_json() for s in summaries],
+        "runs": [
+            {"rate": rate, "send_lag_p99_ms_per_attempt": lags, **run.as_json()}
+            for (rate, run), lags in zip(runs, attempts, strict=True)
+        ],
+    }
+    (out / f"{tag}.json").write_text(json.dumps(document, separators=(",", ":")) + "\n")
+    title = f"Document QA: {args.backend}, {args.replicas} replicas"
+    (out / f"{tag}.md").write_text(report_markdown(title, command, setup, summaries, skipped, plots))
+    print()
+    print(markdown_table(summaries))
+    for label, reason in skipped.items():
+        print(f"skipped {label}: {reason}")
+    print(f"\nwrote {out / (tag + '.json')}, {out / (tag + '.md')} and {len(plots)} plot(s)")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    # SIGTERM (and SIGINT, which a background job ignores) unwind like Ctrl-C, so routers started in their
+    # own sessions and the replicas are stopped by the context managers that started them.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    sys.exit(anyio.run(main, parse_args()))

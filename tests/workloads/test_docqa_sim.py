@@ -1,0 +1,112 @@
+"""A short document-QA run on two simulated replicas, through burstsched and through client-side random."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from burstsched.sim import SimConfig, SimPool
+from burstsched.workloads.capacity import measure_cold_capacity
+from burstsched.workloads.docqa import DocQASpec, build_corpus, build_sequence, remeasure_corpus
+from burstsched.workloads.docqa_run import Progress, read_cache_config, reset_prefix_caches, run_target
+from burstsched.workloads.targets import ClientRandomTarget, Endpoints, burstsched_target
+
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "default.yaml"
+SPEC = DocQASpec(
+    documents=6,
+    doc_tokens_min=2100,
+    doc_tokens_max=2300,
+    max_tokens=4,
+    rate=25.0,
+    duration_s=2.0,
+    max_requests=30,
+)
+SIM = SimConfig(time_scale=0.02, num_gpu_blocks=2000)  # 32k tokens per replica: every document fits
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[tuple[Endpoints, str]]:
+    async with SimPool(2, SIM) as sims:
+        yield list(zip(sims.names, sims.urls, strict=True)), SIM.served_model_name
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str]) -> None:
+    endpoints, model = pool
+    requests = build_sequence(SPEC, random.Random(SPEC.seed))
+    assert len(requests) >= 20
+    with anyio.fail_after(80):
+        async with httpx.AsyncClient(timeout=30.0) as client:
+
+            async def tokenize(text: str) -> list[int]:
+                body = {"model": model, "messages": [{"role": "user", "content": text}]}
+                response = await client.post(f"{endpoints[0][1]}/tokenize", json=body)
+                response.raise_for_status()
+                return [int(t) for t in response.json()["tokens"]]
+
+            corpus = await build_corpus(SPEC, tokenize, random.Random(0))
+            assert corpus == await remeasure_corpus(corpus, tokenize)
+            cache = await read_cache_config(client, endpoints[0][1])
+            assert (cache.block_size, cache.num_gpu_blocks) == (16, 2000)
+            seen: list[Progress] = []
+            runs = {}
+            for target in (burstsched_target(CONFIG), ClientRandomTarget(seed=1)):
+                runs[target.label] = await run_target(
+                    client,
+                    target,
+                    endpoints,
+                    corpus,
+                    requests,
+                    model,
+                    rate=SPEC.rate,
+                    max_tokens=SPEC.max_tokens,
+                    block_size=cache.block_size,
+                    drain_timeout_s=20.0,
+                    progress=seen.append,
+                )
+            await reset_prefix_caches(client, [url for _, url in endpoints])
+
+    assert seen and seen[-1].done == seen[-1].total == len(requests)
+    for label, run in runs.items():
+        s = run.summary
+        assert s.failures == 0 and s.completed == len(requests), (label, [r.error for r in run.records])
+        assert [r.document for r in run.records] == [r.document for r in requests]
+        assert sum(s.requests_per_replica.values()) == len(requests)
+        # the replicas' counters and the responses' usage tell the same story
+        assert sum(r.prompt_tokens or 0 for r in run.records) == sum(
+            d.prefix_queries for d in run.deltas.values()
+        )
+        assert sum(r.cached_tokens or 0 for r in run.records) == sum(
+            d.prefix_hits for d in run.deltas.values()
+        )
+        # nothing beats perfect affinity with an infinite cache
+        assert 0 < s.hit_rate <= s.ideal_hit_rate + 1e-9
+        assert s.ttft_p50_ms <= s.ttft_p95_ms <= s.ttft_p99_ms
+        assert s.throughput_rps > 0 and s.output_tokens_per_s > 0
+    burst = runs["burstsched:default"]
+    assert burst.summary.replica_source == "header"
+    assert all("x-burstsched-endpoint" in r.headers for r in burst.records)
+    assert runs["random"].summary.replica_source == "client"
+    # prefix-aware routing with every document fitting in cache comes close to the ideal
+    assert burst.summary.hit_rate >= 0.85 * burst.summary.ideal_hit_rate
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+async def test_cold_capacity_is_replicas_over_cold_service_time(pool: tuple[Endpoints, str]) -> None:
+    endpoints, model = pool
+    prompts = [f"Calibration document {i}. " + "A line of distinct observations. " * 300 for i in range(6)]
+    with anyio.fail_after(50):
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            capacity = await measure_cold_capacity(client, endpoints, model, prompts, 4, warmup=1)
+            with pytest.raises(ValueError, match="warmup"):
+                await measure_cold_capacity(client, endpoints, model, prompts[:3], 4, warmup=1)
+    assert capacity.samples == 4  # 3 prompts per replica, one of them a warm-up
+    # one request at a time per replica: the pool serves about (replicas / mean service time)
+    assert capacity.requests_per_s == pytest.approx(2 / capacity.mean_service_s, rel=0.3)
