@@ -166,6 +166,7 @@ class SimReplica:
         if self._stopped:
             return
         if self._server is not None and self._serve_task is not None and not self._serve_task.done():
+            await _close_listeners(self._server)
             self._server.should_exit = True
             try:
                 await asyncio.wait_for(asyncio.shield(self._serve_task), grace_s)
@@ -181,8 +182,7 @@ class SimReplica:
         self.killed = True
         server = self._server
         if server is not None:
-            for listener in getattr(server, "servers", []):
-                listener.close()
+            await _close_listeners(server)
             for connection in list(server.server_state.connections):
                 transport = getattr(connection, "transport", None)
                 if transport is not None:
@@ -204,3 +204,25 @@ class SimReplica:
                     await asyncio.wait_for(task, 5.0)
         if self.publisher is not None:
             await self.publisher.close()
+
+
+async def _close_listeners(server: uvicorn.Server) -> None:
+    """Stop accepting, let every connection already accepted reach uvicorn, then close the listeners.
+
+    asyncio accepts a connection in one loop step, builds its transport in a task run the step after, and
+    calls ``connection_made`` (uvicorn then tracks the connection) the step after that. A
+    ``Server.close()`` in between makes the transport's constructor fail (``Server._attach`` asserts the
+    server still has sockets); asyncio drops that error and the accepted socket is never closed (a
+    ResourceWarning when it is collected). So the listening sockets first leave the selector (no new
+    accepts; the kernel backlog is reset when they close), two loop steps pass (the ready queue is FIFO:
+    transports built, then ``connection_made`` run), and only then do the servers close.
+    """
+    loop = asyncio.get_running_loop()
+    listeners = list(getattr(server, "servers", []))
+    for listener in listeners:
+        for sock in listener.sockets:
+            loop.remove_reader(sock.fileno())
+    for _ in range(2):
+        await asyncio.sleep(0)
+    for listener in listeners:
+        listener.close()

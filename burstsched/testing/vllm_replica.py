@@ -26,6 +26,7 @@ from burstsched.testing.vllm_env import venv_python, venv_ready
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 20.0
 LOG_TAIL_CHARS = 4000
+PORT_RETRIES = 3
 
 
 class VllmStartError(RuntimeError):
@@ -291,13 +292,33 @@ class VllmPool:
                 self.replicas.append(self._launch(i, model, ports))
             deadline = time.monotonic() + self.config.start_timeout_s
             with httpx.Client(timeout=2.0, trust_env=False) as client:
-                for replica in self.replicas:
-                    _wait_healthy(client, replica, deadline)
+                for i in range(self.n):
+                    self._wait_started(client, i, model, deadline)
             for replica in self.replicas:
                 pin_engine(replica.pid, self.cores[replica.index])
         except BaseException:
             self.stop(keep_logs=True)
             raise
+
+    def _wait_started(self, client: httpx.Client, i: int, model: Path, deadline: float) -> None:
+        """Wait until replica ``i`` answers ``/health``. A port is picked free and bound by vLLM seconds
+        later; when another process took it meanwhile, the start fails on that alone and is repeated on
+        fresh ports (at most PORT_RETRIES times, each with a full start timeout)."""
+        for attempt in range(PORT_RETRIES + 1):
+            replica = self.replicas[i]
+            try:
+                _wait_healthy(client, replica, deadline)
+                return
+            except VllmStartError:
+                if attempt == PORT_RETRIES or not _port_taken(replica):
+                    raise
+            stop_process(replica.process)  # what is left of its process group
+            replica.stopped = True
+            fresh = free_ports(3)
+            ports = [0] * (3 * self.n)
+            ports[i], ports[self.n + i], ports[2 * self.n + i] = fresh
+            self.replicas[i] = self._launch(i, model, ports)
+            deadline = time.monotonic() + self.config.start_timeout_s
 
     def _launch(self, i: int, model: Path, ports: list[int]) -> VllmReplica:
         assert self._log_dir is not None
@@ -372,6 +393,18 @@ class VllmPool:
     ) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: self.stop(keep_logs=exc is not None))
+
+
+def _port_taken(replica: VllmReplica) -> bool:
+    """Whether the replica exited because an address it was given was in use (its whole log, not a tail:
+    the engine's error comes well before the API server's last traceback)."""
+    if replica.process.poll() is None:
+        return False
+    try:
+        log = replica.log_path.read_text(errors="replace")
+    except OSError:
+        return False
+    return "address already in use" in log.lower()
 
 
 def _wait_healthy(client: httpx.Client, replica: VllmReplica, deadline: float) -> None:

@@ -74,9 +74,17 @@ async def _served_meanwhile(router: RunningRouter) -> None:
 async def test_slow_headers_are_cut_off_and_block_nobody(router: RunningRouter) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: " + b"a" * 400 + b"\r\n\r\n"
     replies: list[bytes] = []
+    connected: list[SocketStream] = []
+    all_connected = anyio.Event()
+
+    def holds(stream: SocketStream) -> None:
+        connected.append(stream)
+        if len(connected) == 6:
+            all_connected.set()
 
     async def slow_client() -> None:
         async with await anyio.connect_tcp("127.0.0.1", _port(router)) as stream:
+            holds(stream)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_dribble, stream, head)
                 replies.append(await _read_until_closed(stream))
@@ -84,6 +92,7 @@ async def test_slow_headers_are_cut_off_and_block_nobody(router: RunningRouter) 
 
     async def silent_client() -> None:  # connects and sends nothing at all
         async with await anyio.connect_tcp("127.0.0.1", _port(router)) as stream:
+            holds(stream)
             replies.append(await _read_until_closed(stream))
 
     with anyio.fail_after(15):
@@ -91,7 +100,7 @@ async def test_slow_headers_are_cut_off_and_block_nobody(router: RunningRouter) 
             for _ in range(5):
                 tg.start_soon(slow_client)
             tg.start_soon(silent_client)
-            await anyio.sleep(0.1)
+            await all_connected.wait()
             await _served_meanwhile(router)  # while six slow clients hold their connections
     assert len(replies) == 6
     assert all(reply.startswith(b"HTTP/1.1 408 ") for reply in replies), replies
@@ -151,12 +160,15 @@ async def test_an_undeclared_oversized_body_gets_413(router: RunningRouter) -> N
 
 
 async def test_a_full_admission_queue_answers_429_with_retry_after(reps: list[Replica]) -> None:
-    from .helpers import config_for
+    from .helpers import config_for, eventually
 
     admission = AdmissionConfig(window_ms=1000, queue_limit=1, retry_after_s=3)
     config = config_for([(r.name, r.url) for r in reps], admission=admission)
     statuses: list[httpx.Response] = []
     async with running_router(config) as router, httpx.AsyncClient(base_url=router.url, timeout=10) as client:
+
+        async def first_held() -> bool:
+            return bool(router.app.state.router.admission.held == 1)
 
         async def send(i: int) -> None:
             body = {"model": MODEL, "messages": [{"role": "user", "content": f"cold {i} " * 400}]}
@@ -165,7 +177,7 @@ async def test_a_full_admission_queue_answers_429_with_retry_after(reps: list[Re
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(send, 0)
-                await anyio.sleep(0.2)  # the first one waits in its window (1 s)
+                await eventually(first_held)  # the first one waits in its window (1 s)
                 tg.start_soon(send, 1)
     codes = sorted(r.status_code for r in statuses)
     assert codes == [200, 429]

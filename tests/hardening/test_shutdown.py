@@ -49,7 +49,7 @@ async def test_drain_waits_for_requests_then_aborts_the_rest() -> None:
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(quick.drain)
-            await anyio.sleep(0.05)
+            await eventually(lambda: _draining(quick))  # the drain now waits for the request
             done()
             quick.request_finished()  # the last request ends: the drain stops waiting before its deadline
     assert aborted == ["b", "late"]

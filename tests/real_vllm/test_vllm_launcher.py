@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from burstsched.testing import vllm_env
@@ -19,6 +21,7 @@ from burstsched.testing.vllm_replica import (
     VllmPool,
     VllmStartError,
     group_alive,
+    pin_engine,
     server_args,
     stop_process,
 )
@@ -59,6 +62,30 @@ def test_a_server_that_dies_at_start_names_its_log(monkeypatch: pytest.MonkeyPat
         pool.start()
     assert "fake engine: no AVX512 here" in str(info.value)
     assert all(r.stopped for r in pool.replicas)
+
+
+def test_a_port_taken_before_the_server_binds_it_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The first start dies as vLLM does when its KV-event port was taken meanwhile; the pool starts the
+    replica again on fresh ports, and this time it answers /health."""
+    monkeypatch.setenv("BURSTSCHED_CACHE", str(tmp_path))
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "health").write_text("ok")
+    marker = tmp_path / "failed-once"
+    _fake_venv(
+        tmp_path,
+        f'if [ ! -e {marker} ]; then touch {marker}; echo "zmq.error.ZMQError: Address already in use" >&2; '
+        "exit 1; fi\n"
+        'while [ "$1" != "--port" ]; do shift; done\n'
+        f"exec {sys.executable} -m http.server $2 --bind 127.0.0.1 --directory {tmp_path / 'www'}",
+    )
+    pool = VllmPool(1, VllmConfig(model=tmp_path, start_timeout_s=20), log_dir=tmp_path / "logs")
+    with pool:
+        assert httpx.get(f"{pool.urls[0]}/health").status_code == 200
+    logs = sorted((tmp_path / "logs").iterdir())
+    assert len(logs) == 2
+    assert sum("Address already in use" in log.read_text() for log in logs) == 1
 
 
 def test_a_server_that_never_answers_is_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -108,6 +135,41 @@ def test_server_args_carry_the_options(tmp_path: Path) -> None:
     assert '"endpoint": "tcp://*:5557"' in args[args.index("--kv-events-config") + 1]
     assert args[args.index("--otlp-traces-endpoint") + 1] == "http://127.0.0.1:4318"
     assert args[args.index("--dtype") + 1] == "float32"
+
+
+ENGINE_LIKE = """
+import subprocess, sys, time
+engine = ("import threading, time; "
+          "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); time.sleep(60)")
+child = subprocess.Popen([sys.executable, "-c", engine])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_pin_engine_binds_every_thread_of_the_group_but_its_leader() -> None:
+    """A leader (the API server's place) with a two-thread child (the engine's): the child's threads go to
+    the core, the leader keeps its cores."""
+    core = max(os.sched_getaffinity(0))
+    leader = subprocess.Popen(
+        [sys.executable, "-c", ENGINE_LIKE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert leader.stdout is not None
+        child = int(leader.stdout.readline())
+        tasks = Path(f"/proc/{child}/task")
+        deadline = time.monotonic() + 10
+        while len(list(tasks.iterdir())) < 2:
+            assert time.monotonic() < deadline, "the child never started its thread"
+            time.sleep(0.01)
+        assert pin_engine(leader.pid, core) == 2
+        assert [os.sched_getaffinity(int(t.name)) for t in tasks.iterdir()] == [{core}, {core}]
+        assert os.sched_getaffinity(leader.pid) == os.sched_getaffinity(0)
+    finally:
+        stop_process(leader)
+        if leader.stdout is not None:
+            leader.stdout.close()
+    assert not group_alive(leader.pid)
 
 
 def test_pool_size_is_bounded_by_cores() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -22,6 +23,7 @@ class RawServer:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.connections = 0
+        self.closed = 0
         self.requests = 0
         self.url = ""
 
@@ -43,6 +45,9 @@ class RawServer:
             pass
         finally:
             writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            self.closed += 1
 
 
 @asynccontextmanager
@@ -107,7 +112,9 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
     transport = LeanTransport()
     async with raw_server(once) as server:
         assert (await _get(transport, server.url))[0] == 200
-        await anyio.sleep(0.05)  # let the close arrive
+        with anyio.fail_after(5):
+            while server.closed < 1:  # noqa: ASYNC110 - the server's own state, on this loop
+                await anyio.sleep(0.01)
         assert (await _get(transport, server.url))[0] == 200
         assert server.connections == 2
     await transport.aclose()
@@ -150,8 +157,10 @@ async def test_errors_map_to_httpx_exceptions() -> None:
 @pytest.mark.anyio
 async def test_pool_limit_queues_then_times_out() -> None:
     release = anyio.Event()
+    holding = anyio.Event()
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        holding.set()
         await release.wait()
         return await ok(reader, writer, n)
 
@@ -164,7 +173,7 @@ async def test_pool_limit_queues_then_times_out() -> None:
                 results.append(await _get(transport, server.url))
 
             tg.start_soon(first)
-            await anyio.sleep(0.05)
+            await holding.wait()  # the first request holds the only connection
             with pytest.raises(httpx.PoolTimeout):
                 await _get(transport, server.url, pool=0.05)
             release.set()
