@@ -25,7 +25,7 @@ cache. Prefix hits raise a policy's real capacity above it, so loads past 1.0 ar
 Output: a progress line on stderr, the markdown table on stdout, and under ``--out-dir`` (default
 loadtests/reports) ``<tag>.json`` (setup, summaries, every request's record), ``<tag>.md`` and PNG plots
 (TTFT CDF per target for each rate; hit rate and TTFT p95 against offered load when several rates run).
-Real vLLM must run under ``flock /tmp/burstsched-realvllm.lock``.
+Real vLLM replicas take one core each: run one real-vLLM workload at a time.
 """
 
 from __future__ import annotations
