@@ -73,6 +73,7 @@ from burstsched.workloads.docqa_run import (
     read_cache_config,
     run_target,
 )
+from burstsched.workloads.pools import event_args
 from burstsched.workloads.router_process import RouterStartError
 from burstsched.workloads.targets import (
     ClientRandomTarget,
@@ -135,18 +136,6 @@ class Pool:
     """burstsched's extra command line: the replicas' KV-event addresses and the tokenizer (precise mode)."""
 
 
-def _event_args(
-    names: Sequence[str], events: Sequence[str | None], replays: Sequence[str | None]
-) -> list[str]:
-    args: list[str] = []
-    for name, address, replay in zip(names, events, replays, strict=True):
-        if address is not None:
-            args += ["--kv-events", f"{name}={address}"]
-        if replay is not None:
-            args += ["--kv-events-replay", f"{name}={replay}"]
-    return args
-
-
 def tokenizer_of(client: httpx.AsyncClient, url: str, model: str) -> Tokenize:
     """Token ids of a text as one user message, through a replica's ``/tokenize`` (chat template applied)."""
 
@@ -193,7 +182,7 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
             kv_events_replay_endpoint="tcp://127.0.0.1:*",
         )
         async with SimPool(args.replicas, config) as pool:
-            router_args = _event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
+            router_args = event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
             yield Pool(
                 list(zip(pool.names, pool.urls, strict=True)),
                 config.served_model_name,
@@ -209,7 +198,7 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
         kv_events=True,
     )
     async with real_vllm_pool(args.replicas, vllm) as pool:
-        router_args = _event_args(
+        router_args = event_args(
             pool.names,
             [r.kv_events_endpoint for r in pool.replicas],
             [r.kv_replay_endpoint for r in pool.replicas],

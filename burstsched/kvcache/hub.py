@@ -72,11 +72,6 @@ class KVEventHub:
         self._observer = observer
         self._wall_clock = wall_clock
         self._streams: dict[str, EventStream] = {}
-        self.last_event_at: dict[str, float] = {}
-
-    @property
-    def endpoints(self) -> list[str]:
-        return [a.endpoint for a in self._addresses]
 
     def stream(self, endpoint: str) -> EventStream | None:
         return self._streams.get(endpoint)
@@ -130,7 +125,6 @@ class KVEventHub:
             for kind, count in counts.items():
                 observer.kv_events(endpoint, kind, count)
             observer.kv_event_lag(endpoint, max(0.0, self._wall_clock() - batch.ts))
-        self.last_event_at[endpoint] = self._wall_clock()
         for consumer in self._consumers:
             consumer.on_kv_events(endpoint, batch)
 

@@ -44,9 +44,10 @@ class PoolHandle:
             response.raise_for_status()
 
 
-def _event_args(
+def event_args(
     names: Sequence[str], events: Sequence[str | None], replays: Sequence[str | None]
 ) -> list[str]:
+    """``burstsched serve`` arguments naming each replica's KV-event and replay addresses (None: none)."""
     args: list[str] = []
     for name, address, replay in zip(names, events, replays, strict=True):
         if address is not None:
@@ -73,7 +74,7 @@ async def open_pool(
         events = "tcp://127.0.0.1:*" if kv_events else None
         config = SimConfig(time_scale=time_scale, kv_events_endpoint=events, kv_events_replay_endpoint=events)
         async with SimPool(replicas, config) as pool:
-            args = _event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
+            args = event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
             if kv_events:
                 args += ["--tokenizer", "remote"]
             yield PoolHandle(
@@ -87,7 +88,7 @@ async def open_pool(
     from burstsched.testing.vllm_replica import VllmConfig
 
     async with real_vllm_pool(replicas, VllmConfig(kv_events=kv_events)) as vllm:
-        args = _event_args(
+        args = event_args(
             vllm.names,
             [r.kv_events_endpoint for r in vllm.replicas],
             [r.kv_replay_endpoint for r in vllm.replicas],

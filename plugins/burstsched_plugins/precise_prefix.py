@@ -95,7 +95,6 @@ class _Stream:
     subscribed: bool = False
     block_size: int | None = None
     awaiting_since: float | None = None
-    events: int = 0
 
 
 @dataclass(slots=True)
@@ -200,7 +199,6 @@ class PrecisePrefixProducer:
     def on_kv_events(self, endpoint: str, batch: EventBatch) -> None:
         stream = self._streams.setdefault(endpoint, _Stream(subscribed=True))
         stream.awaiting_since = None
-        stream.events += len(batch.events)
         speculative = self._speculative.get(endpoint)
         stats = self.stats
         for event in batch.events:
@@ -251,10 +249,6 @@ class PrecisePrefixProducer:
         self._streams.pop(endpoint, None)
 
     # --- state ----------------------------------------------------------------------------------------
-
-    def trusted(self, endpoint: str) -> bool:
-        """Whether ``endpoint``'s matches come from the precise index now."""
-        return self._trusted(endpoint, self._clock())
 
     def reset(self) -> None:
         self.index.clear()
