@@ -25,8 +25,8 @@ class Subcommand(Protocol):
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("burstsched.sim.cli", "run one simulated vLLM replica"),
-    "serve": ("burstsched.serve", "run the scheduler in front of a vLLM pool"),
-    "demo": ("burstsched.demo", "run the seed experiment on a 2-replica pool and print its table"),
+    "serve": ("burstsched.server.serve", "run the scheduler in front of a vLLM pool"),
+    "demo": ("burstsched.workloads.demo", "run the seed experiment on a 2-replica pool and print its table"),
 }
 
 

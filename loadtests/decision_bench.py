@@ -38,8 +38,8 @@ from burstsched.framework import (
     PluginRegistry,
     SchedRequest,
 )
-from burstsched.hashing import block_hashes
 from burstsched.pool import EndpointPool
+from burstsched.prefix.hashing import block_hashes
 from burstsched.scheduling import build_scheduler
 
 REPO = Path(__file__).resolve().parents[1]

@@ -46,7 +46,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from burstsched.serve import serving
+from burstsched.server.serve import serving
 from burstsched.workloads.router_process import router_process
 
 SCENARIOS = ("5xx", "stall", "metrics-dead", "kill")

@@ -20,10 +20,10 @@ import anyio
 
 from burstsched.sim import SimPool
 from burstsched.testing.backends import SERVED_MODEL_NAME, sim_config, vllm_config
-from burstsched.testing.fidelity import RequestRecord, Target, format_table, report, run_workload
 from burstsched.testing.fixtures import skip_reason
 from burstsched.testing.tiny_model import ensure_model
 from burstsched.testing.vllm_replica import VllmPool
+from burstsched.workloads.fidelity import RequestRecord, Target, format_table, report, run_workload
 
 
 def parse_args() -> argparse.Namespace:

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from burstsched.config import EndpointConfig, RouterConfig, TokenizerConfig, parse_config_text
-from burstsched.serve import running_router
+from burstsched.server.serve import running_router
 from burstsched.workloads.contexts import context_text
 
 REPO = Path(__file__).resolve().parents[1]

@@ -38,7 +38,7 @@ import zmq
 import zmq.asyncio
 
 from burstsched.config import EndpointConfig, RouterConfig, TokenizerConfig, parse_config_text
-from burstsched.serve import RunningRouter, running_router
+from burstsched.server.serve import RunningRouter, running_router
 from burstsched.testing.ports import free_port
 from burstsched.workloads.contexts import context_text
 

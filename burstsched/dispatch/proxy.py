@@ -16,19 +16,18 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 from starlette.types import Receive, Send
 
+from burstsched.dispatch.drain import Drainer
 from burstsched.dispatch.headers import client_response_headers, prefix_headers
 from burstsched.dispatch.upstream import Upstream, UpstreamResponse
-from burstsched.errors import error_body, sse_error_event
-from burstsched.framework import Decision, EndpointSnapshot, SchedRequest, uncached_tokens
-from burstsched.metrics import RouterMetrics
+from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, uncached_tokens
 from burstsched.pool import CircuitState, EndpointPool
-from burstsched.request import ParsedRequest
-from burstsched.shutdown import Drainer
+from burstsched.telemetry.metrics import RouterMetrics
+from burstsched.wire.errors import error_body, sse_error_event
 
 if TYPE_CHECKING:
     from burstsched.telemetry import RequestTrace, UpstreamSpan
@@ -37,6 +36,21 @@ log = logging.getLogger(__name__)
 
 DONE_EVENT = b"data: [DONE]\n\n"
 _JSON = [(b"content-type", b"application/json")]
+
+
+class ParsedRequest(Protocol):
+    """What the dispatcher needs of a validated client request (the front's ``ParsedRequest``)."""
+
+    @property
+    def api(self) -> ApiKind: ...
+
+    @property
+    def body(self) -> bytes:
+        """Forwarded upstream as received."""
+        ...
+
+    @property
+    def stream(self) -> bool: ...
 
 DispatchHookFn = Callable[[SchedRequest, EndpointSnapshot], None]
 

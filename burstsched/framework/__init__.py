@@ -31,7 +31,7 @@ from burstsched.framework.types import (
     ScoredEndpoint,
     uncached_tokens,
 )
-from burstsched.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
 
 __all__ = [
     "AllBlocksCleared",

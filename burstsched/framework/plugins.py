@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from burstsched.framework.state import CycleState
 from burstsched.framework.types import EndpointSnapshot, SchedRequest, ScoredEndpoint
-from burstsched.kv_events import EventBatch
+from burstsched.prefix.kv_events import EventBatch
 
 
 @runtime_checkable

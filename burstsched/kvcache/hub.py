@@ -19,9 +19,9 @@ import zmq
 import zmq.asyncio
 
 from burstsched.framework import KVEventConsumer
-from burstsched.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from burstsched.kvcache.addresses import StreamAddress
 from burstsched.kvcache.stream import EventStream
+from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 log = logging.getLogger(__name__)
 

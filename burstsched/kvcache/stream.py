@@ -34,7 +34,7 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
-from burstsched.kv_events import (
+from burstsched.prefix.kv_events import (
     REPLAY_END_SEQ,
     EventBatch,
     KVEventDecodeError,

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 
 import xxhash
 
-from burstsched.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 NULL_BLOCK_ID = 0
 KV_CACHE_SPEC_KIND = "full_attention"

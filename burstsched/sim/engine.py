@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, Protocol
 
-from burstsched.kv_events import KVEvent
+from burstsched.prefix.kv_events import KVEvent
 from burstsched.sim.block_cache import BlockCache, BlockHasher
 from burstsched.sim.clock import Clock
 from burstsched.sim.cost_model import CostModel

@@ -1,5 +1,5 @@
 """Error bodies as vLLM 0.32's API server writes them (the router keeps OpenAI's vocabulary instead:
-:mod:`burstsched.errors`).
+:mod:`burstsched.wire.errors`).
 
 Every error vLLM raises itself is ``{"error": {"message": str, "type": str, "param": str | None, "code":
 int}}``, ``code`` being the HTTP status and ``type`` vLLM's own vocabulary (measured on vLLM 0.32):

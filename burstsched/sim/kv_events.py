@@ -6,7 +6,7 @@ that produced events. An optional ROUTER socket serves replays from a buffer of 
 buffered batch with ``seq >= start_seq``, then ``[b"", b"", -1, b""]`` (vLLM 0.32's frames, measured: the
 topic frame is there, as in the PUB messages). An endpoint with ``*`` (or ``ipc://``) is
 bound, any other connected, like vLLM; ``tcp://HOST:*`` or ``tcp://HOST:0`` binds a free port.
-The wire format lives in :mod:`burstsched.kv_events`.
+The wire format lives in :mod:`burstsched.prefix.kv_events`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from collections import deque
 import zmq
 import zmq.asyncio
 
-from burstsched.kv_events import REPLAY_END_SEQ, Encoding, EventBatch, KVEvent, encode_batch, encode_seq
+from burstsched.prefix.kv_events import (
+    REPLAY_END_SEQ,
+    Encoding,
+    EventBatch,
+    KVEvent,
+    encode_batch,
+    encode_seq,
+)
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ USER_AGENT_ORIGINAL: Final = "user_agent.original"
 ERROR_TYPE: Final = "error.type"
 
 # --- burstsched's own ---------------------------------------------------------------------------------------
-REQUEST_ID: Final = "burstsched.request.id"
-REQUEST_STREAM: Final = "burstsched.request.stream"
+REQUEST_ID: Final = "burstsched.front.request.id"
+REQUEST_STREAM: Final = "burstsched.front.request.stream"
 ENDPOINT: Final = "burstsched.endpoint"
 """The endpoint (replica) name, as in the metrics' ``endpoint`` label."""
 WINDOW_ID: Final = "burstsched.window.id"

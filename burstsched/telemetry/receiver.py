@@ -1,7 +1,8 @@
 """A minimal OTLP/HTTP trace receiver, for tests and local checks: ``POST /v1/traces`` (protobuf) → spans.
 
-In a test, serve :attr:`TraceReceiver.app` on 127.0.0.1 (e.g. with ``burstsched.serve.serving``) and point
-the exporter at ``<url>/v1/traces``; :attr:`TraceReceiver.spans` holds what arrived, decoded. As a process,
+In a test, serve :attr:`TraceReceiver.app` on 127.0.0.1 (e.g. with ``burstsched.server.serve.serving``) and
+point the exporter at ``<url>/v1/traces``; :attr:`TraceReceiver.spans` holds what arrived, decoded.
+As a process,
 ``python -m burstsched.telemetry.receiver --port 4318`` accepts traces and, when stopped (SIGINT/SIGTERM),
 prints how many spans it received.
 """

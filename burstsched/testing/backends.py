@@ -15,7 +15,7 @@ import zmq
 import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from burstsched.kv_events import KVEventMessage, decode_message
+from burstsched.prefix.kv_events import KVEventMessage, decode_message
 from burstsched.sim import SimConfig, SimPool
 from burstsched.testing.vllm_replica import VllmConfig, VllmPool
 

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from burstsched.app import create_app
-from burstsched.auth import API_KEYS_ENV, AuthSettings
 from burstsched.config import AuthConfig
-from burstsched.serve import RunningRouter, running_router
+from burstsched.front.app import create_app
+from burstsched.front.auth import API_KEYS_ENV, AuthSettings
+from burstsched.server.serve import RunningRouter, running_router
 
 from .helpers import config_for, eventually
 from .replica import MODEL, Replica, replicas

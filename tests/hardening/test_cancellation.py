@@ -11,7 +11,7 @@ import anyio
 import httpx
 import pytest
 
-from burstsched.serve import running_router
+from burstsched.server.serve import running_router
 from burstsched.testing.backends import Backend, metric_samples, total
 
 from .helpers import config_for, eventually

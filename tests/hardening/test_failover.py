@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from burstsched.config import CircuitConfig, DispatchConfig, LimitsConfig, RouterConfig, TimeoutsConfig
-from burstsched.serve import running_router
+from burstsched.server.serve import running_router
 
 from .helpers import config_for, eventually
 from .replica import MODEL, Replica, replicas, sse_events

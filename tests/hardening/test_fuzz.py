@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from burstsched.app import create_app
 from burstsched.config import AdmissionConfig, AuthConfig, LimitsConfig
+from burstsched.front.app import create_app
 
 from .helpers import config_for, eventually
 

@@ -11,7 +11,7 @@ import pytest
 from anyio.abc import SocketStream
 
 from burstsched.config import AdmissionConfig, LimitsConfig
-from burstsched.serve import RunningRouter, running_router
+from burstsched.server.serve import RunningRouter, running_router
 
 from .replica import MODEL, Replica, replicas
 

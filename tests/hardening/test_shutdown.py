@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from burstsched.config import ShutdownConfig
-from burstsched.serve import running_router
-from burstsched.shutdown import Drainer
+from burstsched.dispatch.drain import Drainer
+from burstsched.server.serve import running_router
 from burstsched.sim import SimConfig, SimPool
 from burstsched.testing import free_port
 

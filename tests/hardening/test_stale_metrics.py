@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from burstsched.config import PoolConfig
-from burstsched.serve import RunningRouter, running_router
+from burstsched.server.serve import RunningRouter, running_router
 from burstsched.sim import Faults, SimConfig, SimPool
 
 from .helpers import config_for, eventually

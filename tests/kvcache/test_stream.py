@@ -11,8 +11,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from burstsched.kv_events import AllBlocksCleared, BlockRemoved, EventBatch, KVEventMessage
 from burstsched.kvcache import EventStream
+from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, EventBatch, KVEventMessage
 from burstsched.sim.kv_events import KVEventPublisher
 
 pytestmark = pytest.mark.anyio

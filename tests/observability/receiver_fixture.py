@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from burstsched.serve import serving
+from burstsched.server.serve import serving
 from burstsched.telemetry.receiver import TraceReceiver
 
 

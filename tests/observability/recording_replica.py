@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from burstsched.serve import serving
+from burstsched.server.serve import serving
 
 MODEL = "kv-demo"
 

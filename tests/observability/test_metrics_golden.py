@@ -16,8 +16,8 @@ from starlette.types import Message
 
 from burstsched.config import RouterConfig
 from burstsched.framework import ApiKind, EndpointSnapshot, PluginContext, PluginRegistry, SchedRequest
-from burstsched.metrics import RouterMetrics
 from burstsched.scheduling import build_scheduler
+from burstsched.telemetry.metrics import RouterMetrics
 
 GOLDEN = Path(__file__).parent / "golden"
 

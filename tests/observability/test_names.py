@@ -15,8 +15,8 @@ from opentelemetry.semconv.attributes import (
 
 import burstsched.telemetry
 from burstsched.dispatch import ENDPOINT_HEADER
-from burstsched.metrics import ENDPOINT_HEADER as METRICS_ENDPOINT_HEADER
 from burstsched.telemetry import attributes as attr
+from burstsched.telemetry.metrics import ENDPOINT_HEADER as METRICS_ENDPOINT_HEADER
 
 
 def test_genai_names_are_the_semantic_conventions() -> None:

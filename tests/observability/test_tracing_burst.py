@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from burstsched.config import RouterConfig, parse_config_text
-from burstsched.serve import running_router
+from burstsched.server.serve import running_router
 from burstsched.sim import SimConfig, SimPool
 from burstsched.telemetry import attributes as attr
 from burstsched.telemetry.receiver import ReceivedSpan

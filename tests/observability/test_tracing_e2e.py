@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from burstsched.config import EndpointConfig, PoolConfig, RouterConfig, TracingConfig
-from burstsched.serve import running_router
+from burstsched.server.serve import running_router
 from burstsched.sim import SimConfig, SimPool
 from burstsched.telemetry import attributes as attr
 from burstsched.telemetry.receiver import ReceivedSpan

@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from burstsched.kv_events import (
+from burstsched.prefix.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
     BlockStored,

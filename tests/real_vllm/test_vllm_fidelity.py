@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from burstsched.testing.backends import sim_backend
-from burstsched.testing.fidelity import Target, mismatches, run_workload
 from burstsched.testing.fixtures import REAL_VLLM_TIMEOUT_S
 from burstsched.testing.vllm_replica import VllmPool
+from burstsched.workloads.fidelity import Target, mismatches, run_workload
 
 pytestmark = [pytest.mark.anyio, pytest.mark.real_vllm, pytest.mark.timeout(REAL_VLLM_TIMEOUT_S)]
 

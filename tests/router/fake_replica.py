@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from burstsched.serve import serving
+from burstsched.server.serve import serving
 
 MODEL = "fake-model"
 

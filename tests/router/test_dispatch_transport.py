@@ -9,7 +9,7 @@ import anyio
 import httpx
 import pytest
 
-from burstsched.serve import running_router
+from burstsched.server.serve import running_router
 
 from .helpers import router_config
 

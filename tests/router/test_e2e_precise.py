@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from burstsched.config import EndpointConfig, RouterConfig, TokenizerConfig
-from burstsched.serve import RunningRouter, running_router
+from burstsched.server.serve import RunningRouter, running_router
 from burstsched.sim import SimConfig, SimPool
 
 from .helpers import FAST_POOL, eventually

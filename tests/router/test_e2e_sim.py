@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from burstsched.config import RouterConfig
-from burstsched.serve import RunningRouter, router_thread, running_router
+from burstsched.server.serve import RunningRouter, router_thread, running_router
 from burstsched.sim import Faults, SimConfig, SimPool
 
 from .helpers import eventually, router_config

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstsched.hashing import block_hashes, pseudo_tokens, render_chat, render_prompt
+from burstsched.prefix.hashing import block_hashes, pseudo_tokens, render_chat, render_prompt
 
 messages = st.lists(
     st.fixed_dictionaries(

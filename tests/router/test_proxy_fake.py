@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from burstsched.config import LimitsConfig
-from burstsched.serve import RunningRouter, running_router
+from burstsched.server.serve import RunningRouter, running_router
 
 from .fake_replica import MODEL, FakeReplica, fake_replicas
 from .helpers import eventually, router_config

@@ -6,7 +6,7 @@ import pytest
 
 from burstsched.config import PrefixHashingConfig
 from burstsched.framework import ApiKind
-from burstsched.request import RequestError, parse_request
+from burstsched.front.request import RequestError, parse_request
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.lowlevel
 
-from burstsched.kv_events import KVEvent
+from burstsched.prefix.kv_events import KVEvent
 from burstsched.sim.clock import VirtualClock
 from burstsched.sim.cost_model import CostModel
 from burstsched.sim.engine import Engine, EngineLimits, EngineRequest, NullStats

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstsched.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from burstsched.sim.block_cache import BlockCache, BlockHasher
 
 

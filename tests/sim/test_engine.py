@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from burstsched.kv_events import AllBlocksCleared, BlockStored
+from burstsched.prefix.kv_events import AllBlocksCleared, BlockStored
 from burstsched.sim.engine import QueueFullError, Status
 
 from .engine_helpers import running_engine, tokens, wait_until

@@ -10,7 +10,7 @@ import zmq.asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burstsched.kv_events import (
+from burstsched.prefix.kv_events import (
     REPLAY_END_SEQ,
     AllBlocksCleared,
     BlockRemoved,

@@ -34,7 +34,7 @@ def test_summary_counts_returns_hits_and_splits_warm_and_cold() -> None:
 
 
 def test_policy_order_follows_the_seed_and_rotates() -> None:
-    from burstsched.demo import policy_order
+    from burstsched.workloads.demo import policy_order
 
     two = ["random", "prefix-aware"]
     assert [policy_order(two, r) for r in range(3)] == [two, two[::-1], two]

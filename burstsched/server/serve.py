@@ -32,7 +32,6 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-from burstsched.app import Clock, create_app
 from burstsched.config import (
     ConfigError,
     LimitsConfig,
@@ -42,9 +41,10 @@ from burstsched.config import (
     parse_endpoint_arg,
     with_tokenizer,
 )
+from burstsched.dispatch.drain import Drainer
 from burstsched.framework import PluginRegistry
-from burstsched.header_guard import guarded_protocol
-from burstsched.shutdown import Drainer
+from burstsched.front.app import Clock, create_app
+from burstsched.server.header_guard import guarded_protocol
 
 DEFAULT_CONFIG = Path("config") / "default.yaml"
 

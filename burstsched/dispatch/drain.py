@@ -1,7 +1,8 @@
 """Graceful shutdown: stop taking requests, let in-flight ones finish up to a deadline, then end them.
 
-The app owns one :class:`Drainer`. :class:`RefuseWhileDraining` (the app's outermost middleware) counts the
-HTTP requests inside the app; the dispatcher registers each request it proxies with an abort callback.
+The app owns one :class:`Drainer`. The front's ``RefuseWhileDraining`` (the app's outermost middleware)
+counts the HTTP requests inside the app;
+the dispatcher registers each request it proxies with an abort callback.
 ``burstsched serve`` calls :meth:`Drainer.drain` when it starts shutting down (uvicorn has closed the
 listening sockets by then): it waits until no request is left, up to its deadline, then aborts every
 registered request (and any that reaches the dispatcher later): the dispatcher ends a stream with an OpenAI
@@ -15,9 +16,6 @@ import logging
 from collections.abc import Callable
 
 import anyio
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from burstsched.errors import error_response
 
 log = logging.getLogger(__name__)
 
@@ -86,25 +84,3 @@ class Drainer:
         aborted = self.abort_all()
         if aborted:
             log.warning("shutdown deadline reached: aborted %d request(s)", aborted)
-
-
-class RefuseWhileDraining:
-    """ASGI middleware: once the app's drainer is draining, new HTTP requests get 503 (connection closed)."""
-
-    def __init__(self, app: ASGIApp, drainer: Drainer) -> None:
-        self.app = app
-        self.drainer = drainer
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if self.drainer.draining:
-            response = error_response(503, "the router is shutting down", headers={"connection": "close"})
-            await response(scope, receive, send)
-            return
-        self.drainer.request_started()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.drainer.request_finished()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from burstsched.config import AuthConfig
-from burstsched.errors import error_response
+from burstsched.wire.errors import error_response
 
 API_KEYS_ENV = "BURSTSCHED_API_KEYS"
 ADMIN_KEYS_ENV = "BURSTSCHED_ADMIN_KEYS"

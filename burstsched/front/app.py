@@ -5,8 +5,8 @@ Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (scheduled an
 ``GET /metrics`` (the router's own metrics), ``POST /admin/reset`` (drop learned scheduling state, e.g. the
 prefix index).
 
-Middleware, outermost first: refusal while draining on shutdown (:mod:`burstsched.shutdown`), API and admin
-keys (:mod:`burstsched.auth`), the body read deadline (:mod:`burstsched.limits`).
+Middleware, outermost first: refusal while draining on shutdown (:mod:`burstsched.front.draining`), API and
+admin keys (:mod:`burstsched.front.auth`), the body read deadline (:mod:`burstsched.front.limits`).
 """
 
 from __future__ import annotations
@@ -34,20 +34,21 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from burstsched.admission import Admission, AdmissionClosed, AdmissionQueueFull, NoEndpointAvailable
-from burstsched.auth import AuthMiddleware, AuthSettings
 from burstsched.config import RouterConfig
 from burstsched.dispatch import Dispatcher, LeanTransport, getter, upstream_for, upstream_request_headers
-from burstsched.errors import error_response
+from burstsched.dispatch.drain import Drainer
 from burstsched.framework import ApiKind, KVEventConsumer, PluginContext, PluginRegistry
+from burstsched.front.auth import AuthMiddleware, AuthSettings
+from burstsched.front.draining import RefuseWhileDraining
+from burstsched.front.limits import BodyDeadlineMiddleware
+from burstsched.front.request import ClientDisconnected, RequestError, parse_request, read_body
 from burstsched.kvcache import KVEventHub, stream_addresses
-from burstsched.limits import BodyDeadlineMiddleware
-from burstsched.metrics import CONTENT_TYPE, RouterMetrics
 from burstsched.pool import CircuitSettings, EndpointPool
-from burstsched.request import ClientDisconnected, RequestError, parse_request, read_body
 from burstsched.scheduling import Scheduler, build_scheduler
-from burstsched.shutdown import Drainer, RefuseWhileDraining
 from burstsched.telemetry import RequestTrace, Tracing, resolve_tracing
+from burstsched.telemetry.metrics import CONTENT_TYPE, RouterMetrics
 from burstsched.tokenization import PromptTokenizer, TokenizationError, build_prompt_tokenizer
+from burstsched.wire.errors import error_response
 
 log = logging.getLogger(__name__)
 

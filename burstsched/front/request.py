@@ -15,7 +15,7 @@ from starlette.types import Receive
 
 from burstsched.config import PrefixHashingConfig
 from burstsched.framework import ApiKind, SchedRequest
-from burstsched.hashing import block_hashes, pseudo_tokens, render_chat, render_prompt
+from burstsched.prefix.hashing import block_hashes, pseudo_tokens, render_chat, render_prompt
 
 
 class RequestError(Exception):

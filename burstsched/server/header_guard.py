@@ -24,7 +24,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from burstsched.errors import error_body
+from burstsched.wire.errors import error_body
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The body of a request must arrive whole within ``body_timeout_s`` of the request
 headers complete). Past that, the middleware answers 408 in OpenAI's error shape with ``connection: close``
 (the server then drops the connection), and tells the app the client went away (``http.disconnect``); what
 the app sends afterwards is dropped. Waiting clients cost one idle coroutine each: they block nobody else.
-Slow headers are cut off earlier, in the HTTP protocol (:mod:`burstsched.header_guard`).
+Slow headers are cut off earlier, in the HTTP protocol (:mod:`burstsched.server.header_guard`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from burstsched.errors import error_response
+from burstsched.wire.errors import error_response
 
 
 class BodyDeadlineMiddleware:

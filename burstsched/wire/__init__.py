@@ -1,0 +1,1 @@
+"""OpenAI wire shapes that the front, dispatch and the simulator share: error bodies and SSE."""
