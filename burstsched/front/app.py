@@ -336,6 +336,8 @@ def create_app(
             tokenizer = _prompt_tokenizer(config, bool(consumers), client, pool)
             metrics.watch_endpoints(pool.snapshots)
             metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
+            loop = asyncio.get_running_loop()
+            runtime = metrics.watch_runtime(lambda: len(asyncio.all_tasks(loop)))
             dispatcher = Dispatcher(
                 upstream_io,
                 pool,
@@ -356,6 +358,7 @@ def create_app(
                 if hub is not None:
                     await tg.start(hub.run)
                 tg.start_soon(pool.run)
+                tg.start_soon(runtime.sampler.run, name="burstsched-loop-lag")
                 try:
                     yield
                 finally:

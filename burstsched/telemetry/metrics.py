@@ -1,4 +1,5 @@
-"""The router's own Prometheus metrics (all named ``burstsched_*``), in a registry owned by the app.
+"""The router's own Prometheus metrics (named ``burstsched_*``, and the process's ``process_*`` once
+:meth:`RouterMetrics.watch_runtime` is called), in a registry owned by the app.
 
 Outcomes of ``burstsched_requests_total``: ``ok`` (2xx), ``client_error`` (the replica's 4xx passed through),
 ``upstream_error`` (every attempt failed: 502), ``stream_error`` (failed after the first byte: error event),
@@ -23,6 +24,7 @@ from prometheus_client.registry import Collector
 from starlette.types import Message, Send
 
 from burstsched.framework import Decision, EndpointSnapshot, Plugin, PrefixMatch, Scorer
+from burstsched.telemetry.runtime import RuntimeMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NO_ENDPOINT = "none"
@@ -299,6 +301,11 @@ class RouterMetrics:
     def watch_endpoints(self, snapshots: Callable[[], Sequence[EndpointSnapshot]]) -> None:
         """Export the pool's per-endpoint gauges, read at each scrape."""
         self.registry.register(_EndpointCollector(snapshots))
+
+    def watch_runtime(self, count_tasks: Callable[[], int]) -> RuntimeMetrics:
+        """Export the process's runtime health (event-loop lag, asyncio tasks, ``process_*``); the caller
+        runs the returned :attr:`RuntimeMetrics.sampler` on the loop it watches."""
+        return RuntimeMetrics(self.registry, count_tasks=count_tasks)
 
     def watch_plugins(self, plugins: Iterable[Plugin], endpoint_names: Callable[[], Iterable[str]]) -> None:
         """Export the size of every plugin's prefix index (an ``index`` with ``size(endpoint)``) and take

@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "deploy" / "compose"
 GRAFANA = REPO / "deploy" / "grafana"
 GOLDEN = Path(__file__).parent / "golden" / "after_events.txt"
+RUNTIME_GOLDEN = Path(__file__).parent / "golden" / "runtime.txt"  # event-loop lag, asyncio tasks
+# prometheus_client's process collector, on the router's registry with the runtime families
+PROCESS_FAMILIES = {"process_resident_memory_bytes", "process_open_fds", "process_max_fds"}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -33,7 +36,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _exported_families() -> set[str]:
     names = set()
-    for line in GOLDEN.read_text().splitlines():
+    for line in (GOLDEN.read_text() + RUNTIME_GOLDEN.read_text()).splitlines():
         if line.startswith("# TYPE "):
             name, kind = line.split()[2:4]
             names.add(name)
@@ -101,8 +104,8 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     dashboard = json.loads((GRAFANA / "burstsched-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     assert len(exprs) >= 20
-    used = {m for e in exprs for m in re.findall(r"\bburstsched_[a-z0-9_]+", e)}
-    exported = _exported_families()
+    used = {m for e in exprs for m in re.findall(r"\b(?:burstsched|process)_[a-z0-9_]+", e)}
+    exported = _exported_families() | PROCESS_FAMILIES
     assert used <= exported, sorted(used - exported)
     wanted = {
         "burstsched_requests_total",
@@ -115,6 +118,10 @@ def test_dashboard_queries_only_exported_metrics() -> None:
         "burstsched_endpoint_stale",
         "burstsched_prefix_index_blocks",
         "burstsched_prefix_estimated_hit_ratio_sum",
+        "burstsched_event_loop_lag_seconds_bucket",
+        "burstsched_asyncio_tasks",
+        "process_resident_memory_bytes",
+        "process_open_fds",
     }
     assert wanted <= used, sorted(wanted - used)
     assert not any("vllm:" in e for e in exprs)
