@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from burstsched.wire.sse import SSEReader, json_object
+
 SSE_TAIL_BYTES = 16 * 1024
 """How much of a stream's end :class:`StreamTail` keeps: the usage chunk and the last content chunks."""
 
@@ -40,20 +42,14 @@ def from_json_body(body: bytes) -> ResponseInfo:
 
 
 def from_sse_tail(tail: bytes) -> ResponseInfo:
-    """The response info of a stream, from its last events (``data: {...}`` lines; others ignored)."""
+    """The response info of a stream, from its last events (JSON object ``data``; others ignored).
+
+    A tail starts anywhere in the stream: its first line, if cut, is no ``data:`` line and is skipped; an
+    event the tail ends before its blank line is left out (the stream was cut there)."""
     payloads: list[dict[str, Any]] = []
-    for line in tail.split(b"\n"):
-        line = line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if not data.startswith(b"{"):
-            continue
-        try:
-            payload = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            continue  # the first line of a tail may be cut
-        if isinstance(payload, dict):
+    for data in SSEReader().feed(tail):
+        payload = json_object(data)
+        if payload is not None:
             payloads.append(payload)
     return _from_payloads(payloads)
 

@@ -78,3 +78,11 @@ def test_stream_tail_keeps_at_least_the_last_limit_bytes(chunks: list[bytes], li
     assert whole.endswith(kept)
     assert len(kept) >= min(limit, len(whole))
     assert len(kept) < limit + 300  # never much more than asked: whole chunks beyond the limit are dropped
+
+
+def test_sse_tail_reads_crlf_streams_and_leaves_out_an_event_cut_before_its_blank_line() -> None:
+    usage = {"id": "c-5", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}
+    crlf = _sse(usage).replace(b"\n", b"\r\n")
+    assert from_sse_tail(crlf).input_tokens == 7
+    cut = b"data: " + json.dumps(usage).encode() + b"\n"  # the stream ended before the blank line
+    assert from_sse_tail(cut) == ResponseInfo()
