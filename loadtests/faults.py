@@ -47,6 +47,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from burstsched.server.serve import serving
+from burstsched.wire.sse import DONE, aiter_data, json_object
 from burstsched.workloads.router_process import router_process
 
 SCENARIOS = ("5xx", "stall", "metrics-dead", "kill")
@@ -128,8 +129,8 @@ async def stream_one(
             endpoint = outcome.endpoint or "-"
             streams[endpoint] += 1
             try:
-                async for line in response.aiter_lines():
-                    _read_line(line, outcome)
+                async for data in aiter_data(response.aiter_bytes()):
+                    _read_event(data, outcome)
             except httpx.HTTPError as exc:  # cut mid-body: truncated unless an error event came first
                 outcome.transport_error = type(exc).__name__
             finally:
@@ -142,19 +143,15 @@ async def stream_one(
     return outcome
 
 
-def _read_line(line: str, outcome: Outcome) -> None:
-    if not line.startswith("data:"):
-        return
+def _read_event(data: str, outcome: Outcome) -> None:
     outcome.first_byte = True
-    data = line[5:].strip()
-    if data == "[DONE]":
+    if data == DONE:
         outcome.done = True
         return
-    try:
-        chunk = json.loads(data)
-    except ValueError:
+    chunk = json_object(data)
+    if chunk is None:
         return
-    if isinstance(chunk, dict) and "error" in chunk:
+    if "error" in chunk:
         outcome.error_event = True
         return
     for choice in chunk.get("choices") or []:

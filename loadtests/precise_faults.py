@@ -40,6 +40,7 @@ import zmq.asyncio
 from burstsched.config import EndpointConfig, RouterConfig, TokenizerConfig, parse_config_text
 from burstsched.server.serve import RunningRouter, running_router
 from burstsched.testing.ports import free_port
+from burstsched.wire.sse import DONE, data_payloads, json_object
 from burstsched.workloads.contexts import context_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,14 +172,14 @@ async def stream_one(client: httpx.AsyncClient, body: dict[str, Any], tally: Tal
                 tally.errors.append(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
                 return
             endpoint = response.headers.get("x-burstsched-endpoint", "?")
-            text = (await response.aread()).decode()
+            events = data_payloads(await response.aread())
     except httpx.HTTPError as exc:
         tally.failed += 1
         tally.errors.append(f"{type(exc).__name__}: {exc}")
         return
-    if '"error"' in text:
+    if any("error" in (json_object(data) or {}) for data in events):
         tally.error_events += 1
-    elif not text.rstrip().endswith("data: [DONE]"):
+    elif not events or events[-1] != DONE:
         tally.truncated += 1
     else:
         tally.completed += 1

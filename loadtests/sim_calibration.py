@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import httpx
 
 from burstsched.sim import SimConfig, SimPool
+from burstsched.wire.sse import DONE, aiter_data
 
 MODEL = "kv-demo"
 TARGET_TOKENS = 5200
@@ -88,10 +89,10 @@ async def timed_chat(client: httpx.AsyncClient, url: str, prompt: str) -> Timing
     headers = {"X-Request-Id": uuid.uuid4().hex}
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as response:
         response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+        async for data in aiter_data(response.aiter_bytes()):
+            if data == DONE:
                 continue
-            chunk = json.loads(line[6:])
+            chunk = json.loads(data)
             if chunk.get("usage"):
                 use = chunk["usage"]
             for choice in chunk.get("choices", []):

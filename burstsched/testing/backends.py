@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from burstsched.prefix.kv_events import KVEventMessage, decode_message
 from burstsched.sim import SimConfig, SimPool
 from burstsched.testing.vllm_replica import VllmConfig, VllmPool
+from burstsched.wire.sse import DONE, aiter_data
 
 Kind = Literal["sim", "vllm"]
 SERVED_MODEL_NAME = "kv-demo"
@@ -105,11 +106,8 @@ async def sse_chunks(
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             raise AssertionError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+        async for data in aiter_data(response.aiter_bytes()):
+            if data == DONE:
                 done = True
                 continue
             if done:

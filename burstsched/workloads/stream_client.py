@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from burstsched.wire.sse import DONE, aiter_data
+
 
 @dataclass(slots=True)
 class StreamResult:
@@ -66,11 +68,8 @@ async def stream_chat(
             result.error = _error_of(raw)
             result.e2e_s = clock() - start
             return result
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+        async for data in aiter_data(resp.aiter_bytes()):
+            if data == DONE:
                 result.done = True
                 continue
             chunk = json.loads(data)

@@ -13,6 +13,7 @@ import pytest
 
 from burstsched.server.serve import running_router
 from burstsched.testing.backends import Backend, metric_samples, total
+from burstsched.wire.sse import SSEReader
 
 from .helpers import config_for, eventually
 
@@ -41,10 +42,10 @@ async def test_client_disconnect_stops_generation_on_the_replica(backend: Backen
         with anyio.fail_after(60):
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 assert response.status_code == 200
-                received = b""
+                reader, events = SSEReader(), 0
                 async for chunk in response.aiter_raw():
-                    received += chunk
-                    if received.count(b"data: ") >= 20:  # generating: the role chunk and some tokens are out
+                    events += len(reader.feed(chunk))
+                    if events >= 20:  # generating: the role chunk and some tokens are out
                         break
                 during = await metric_samples(direct, backend)
                 assert total(during, "vllm:num_requests_running") == 1

@@ -17,6 +17,7 @@ import pytest
 from burstsched.config import RouterConfig
 from burstsched.server.serve import RunningRouter, router_thread, running_router
 from burstsched.sim import Faults, SimConfig, SimPool
+from burstsched.wire.sse import data_payloads
 
 from .helpers import eventually, router_config
 
@@ -45,10 +46,6 @@ def _context(rng: random.Random, chars: int = 16_000) -> str:
 
 def _chat(content: str, **extra: object) -> dict[str, object]:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
-
-
-def _sse_events(text: str) -> list[str]:
-    return [block[len("data: ") :] for block in text.split("\n\n") if block.startswith("data: ")]
 
 
 @pytest.fixture
@@ -105,7 +102,7 @@ async def test_streaming_pass_through(client: httpx.AsyncClient) -> None:
             assert response.headers["x-burstsched-endpoint"] in ("sim-0", "sim-1")
             assert response.headers["content-type"].startswith("text/event-stream")
             reads = [chunk async for chunk in response.aiter_raw()]
-    events = _sse_events(b"".join(reads).decode())
+    events = data_payloads(b"".join(reads))
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
@@ -191,7 +188,7 @@ async def test_replica_killed_mid_stream_ends_with_an_error_event() -> None:
                     received += await anext(chunks)
                 await pool.akill(index)
                 received += b"".join([c async for c in chunks])
-    events = _sse_events(received.decode())
+    events = data_payloads(received)
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["type"] == "bad_gateway"

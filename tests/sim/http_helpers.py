@@ -11,6 +11,8 @@ import anyio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from burstsched.wire.sse import DONE, data_payloads
+
 MODEL = "kv-demo"
 
 
@@ -44,19 +46,17 @@ async def chat(http: httpx.AsyncClient, url: str, text: str, *, max_tokens: int 
 async def stream_events(
     http: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The JSON chunks of an SSE stream and its raw ``data:`` lines."""
-    chunks: list[dict[str, Any]] = []
-    lines: list[str] = []
+    """The JSON chunks of an SSE stream and its raw non-blank lines (each checked to be a ``data: `` line,
+    as vLLM writes every event)."""
     async with http.stream("POST", f"{url}{path}", json=body) as response:
         assert response.status_code == 200, await response.aread()
         assert response.headers["content-type"].startswith("text/event-stream")
-        async for line in response.aiter_lines():
-            if not line:
-                continue
-            lines.append(line)
-            assert line.startswith("data: ")
-            if line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
+        raw = await response.aread()
+    lines = [line for line in raw.decode().split("\n") if line]
+    assert all(line.startswith("data: ") for line in lines), lines
+    events = data_payloads(raw)
+    assert len(events) == len(lines)  # one line per event, each ended by a blank line
+    chunks = [json.loads(data) for data in events if data != DONE]
     return chunks, lines
 
 

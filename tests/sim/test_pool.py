@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from burstsched.sim import Faults, SimConfig, SimPool, SimStartError
+from burstsched.wire.sse import DONE, SSEReader
 
 from .http_helpers import chat_body, client
 
@@ -70,15 +71,16 @@ def test_a_port_in_use_is_a_clear_start_error() -> None:
 async def test_async_pool_kill_drops_streams_and_refuses_connections() -> None:
     async with SimPool(2, SimConfig(time_scale=0.05)) as pool, client() as http:
         body = chat_body("a long answer please", max_tokens=5000, stream=True)
-        lines: list[str] = []
+        reader = SSEReader()
+        events: list[str] = []
         with pytest.raises(httpx.TransportError):
             async with http.stream("POST", f"{pool.urls[1]}/v1/chat/completions", json=body) as response:
                 assert response.status_code == 200
-                async for line in response.aiter_lines():
-                    lines.append(line)
-                    if len(lines) == 6:
+                async for chunk in response.aiter_bytes():
+                    before, events = len(events), events + reader.feed(chunk)
+                    if before < 3 <= len(events):
                         await pool.akill(1)
-        assert lines and "data: [DONE]" not in lines
+        assert events and DONE not in events
         with pytest.raises(httpx.ConnectError):
             await http.get(f"{pool.urls[1]}/health")
         survivor = await http.post(f"{pool.urls[0]}/v1/chat/completions", json=chat_body("hi", max_tokens=2))
