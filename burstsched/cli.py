@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("burstsched.sim.cli", "run one simulated vLLM replica"),
     "serve": ("burstsched.server.serve", "run the scheduler in front of a vLLM pool"),
     "demo": ("burstsched.workloads.demo", "run the seed experiment on a 2-replica pool and print its table"),
+    "check": ("burstsched.server.check", "validate config files offline (burstsched's or llm-d's)"),
 }
 
 

@@ -4,11 +4,14 @@ from burstsched.config.admission import AdmissionConfig
 from burstsched.config.errors import ConfigError, ConfigIssue
 from burstsched.config.kv_events import KVEventsConfig
 from burstsched.config.loader import (
+    LoadedConfig,
     attach_kv_events,
     decode_config,
     load_config,
+    parse_config_document,
     parse_config_text,
     parse_endpoint_arg,
+    read_config,
     with_tokenizer,
 )
 from burstsched.config.models import (
@@ -19,6 +22,7 @@ from burstsched.config.models import (
     LimitsConfig,
     PluginSpec,
     PoolConfig,
+    PoolSelectorConfig,
     PrefixHashingConfig,
     ProfileConfig,
     ProfilePluginRef,
@@ -40,9 +44,11 @@ __all__ = [
     "DispatchConfig",
     "EndpointConfig",
     "KVEventsConfig",
+    "LoadedConfig",
     "LimitsConfig",
     "PluginSpec",
     "PoolConfig",
+    "PoolSelectorConfig",
     "PrefixHashingConfig",
     "ProfileConfig",
     "ProfilePluginRef",
@@ -53,6 +59,8 @@ __all__ = [
     "TracingConfig",
     "decode_config",
     "load_config",
+    "parse_config_document",
     "parse_config_text",
     "parse_endpoint_arg",
+    "read_config",
 ]

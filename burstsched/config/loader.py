@@ -1,5 +1,8 @@
 """Loading the configuration, stage one: strict decode of YAML into :class:`RouterConfig`.
 
+Both formats load the same way: burstsched's own, and llm-d's ``EndpointPickerConfig``
+(:mod:`burstsched.config.llmd`), recognised by its ``apiVersion``/``kind``.
+
 The later stages (build plugins, validate references, wire the scheduler) live in
 :mod:`burstsched.scheduling.builder`; every stage reports errors as :class:`ConfigError` with field paths.
 """
@@ -7,6 +10,7 @@ The later stages (build plugins, validate references, wire the scheduler) live i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from burstsched.config.errors import ConfigError, ConfigIssue, issues_from_validation
+from burstsched.config.llmd import is_kubernetes_document, translate_llmd
 from burstsched.config.models import EndpointConfig, RouterConfig
 from burstsched.config.tokenizer import TokenizerConfig
 
@@ -22,6 +27,8 @@ def decode_config(data: Any, *, source: str | None = None) -> RouterConfig:
     """Validate a decoded document (``None`` counts as empty) into a :class:`RouterConfig`."""
     if data is None:
         data = {}
+    if is_kubernetes_document(data):
+        return _checked(translate_llmd([data], source=source).config, source)
     if not isinstance(data, dict):
         raise ConfigError([ConfigIssue("", "the configuration must be a mapping")], source)
     try:
@@ -54,29 +61,62 @@ def check_names(config: RouterConfig) -> list[ConfigIssue]:
     return issues
 
 
-def parse_config_text(text: str, *, source: str | None = None) -> RouterConfig:
-    """Parse YAML text into a :class:`RouterConfig`."""
+def _checked(config: RouterConfig, source: str | None) -> RouterConfig:
+    issues = check_names(config)
+    if issues:
+        raise ConfigError(issues, source)
+    return config
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A configuration, the format it was written in, and notes on how it was read."""
+
+    config: RouterConfig
+    origin: str = "burstsched format"
+    notes: tuple[str, ...] = ()
+
+
+def parse_config_document(text: str, *, source: str | None = None) -> LoadedConfig:
+    """Parse YAML text: burstsched's own format, or llm-d's ``EndpointPickerConfig`` (translated)."""
     try:
-        data = yaml.safe_load(text)
+        documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
         raise ConfigError([ConfigIssue("", f"not valid YAML: {exc}")], source) from None
-    return decode_config(data, source=source)
+    if len(documents) > 1:
+        documents = [doc for doc in documents if doc is not None]
+    if any(is_kubernetes_document(doc) for doc in documents):
+        translation = translate_llmd(documents, source=source)
+        origin = f"llm-d EndpointPickerConfig {translation.api_version}, translated"
+        return LoadedConfig(_checked(translation.config, source), origin, translation.notes)
+    if len(documents) > 1:
+        message = "a burstsched configuration is one YAML document (several: llm-d's EndpointPickerConfig)"
+        raise ConfigError([ConfigIssue("", message)], source)
+    return LoadedConfig(decode_config(documents[0] if documents else None, source=source))
 
 
-def load_config(path: str | Path, *, endpoints: Sequence[EndpointConfig] | None = None) -> RouterConfig:
+def parse_config_text(text: str, *, source: str | None = None) -> RouterConfig:
+    """Parse YAML text into a :class:`RouterConfig` (either format, see :func:`parse_config_document`)."""
+    return parse_config_document(text, source=source).config
+
+
+def read_config(path: str | Path, *, endpoints: Sequence[EndpointConfig] | None = None) -> LoadedConfig:
     """Read a YAML config file; ``endpoints``, when given and not empty, replace the file's list."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue("", f"cannot read: {exc}")], str(path)) from None
-    config = parse_config_text(text, source=str(path))
+    loaded = parse_config_document(text, source=str(path))
     if endpoints:
-        config = config.with_endpoints(list(endpoints))
-        issues = check_names(config)
-        if issues:
-            raise ConfigError(issues, "(command line endpoints)")
-    return config
+        config = _checked(loaded.config.with_endpoints(list(endpoints)), "(command line endpoints)")
+        loaded = LoadedConfig(config, loaded.origin, loaded.notes)
+    return loaded
+
+
+def load_config(path: str | Path, *, endpoints: Sequence[EndpointConfig] | None = None) -> RouterConfig:
+    """Read a YAML config file (either format); ``endpoints``, when given and not empty, replace its list."""
+    return read_config(path, endpoints=endpoints).config
 
 
 def parse_endpoint_arg(text: str) -> EndpointConfig:

@@ -69,8 +69,28 @@ class EndpointConfig(StrictModel):
         return f"{url.host}:{url.port}" if url.port is not None else url.host
 
 
+class PoolSelectorConfig(StrictModel):
+    """The replicas as a Kubernetes label selector (an InferencePool's), for discovery.
+
+    Recorded only: discovery by selector is not implemented yet, so the endpoints must still be listed
+    (``endpoints`` or ``--endpoint``).
+    """
+
+    match_labels: dict[str, str] = Field(
+        min_length=1, description="Labels every replica pod carries, e.g. {app: vllm-llama3}."
+    )
+    target_port: int = Field(default=8000, ge=1, le=65535, description="The replicas' HTTP port.")
+    namespace: str | None = Field(default=None, min_length=1, description="Namespace of the pods.")
+
+
 class PoolConfig(StrictModel):
     """How the endpoint pool watches the replicas."""
+
+    selector: PoolSelectorConfig | None = Field(
+        default=None,
+        description="Label selector of the replicas, kept for discovery; not acted on yet: the endpoints "
+        "must be listed (endpoints or --endpoint).",
+    )
 
     scrape_interval_ms: float = Field(
         default=50.0, gt=0, description="Period of each replica's /metrics scrape."

@@ -1,0 +1,489 @@
+"""llm-d's ``EndpointPickerConfig``, read as it is and translated into a :class:`RouterConfig`.
+
+A team moving from llm-d brings the file its endpoint picker (EPP) runs::
+
+    apiVersion: llm-d.ai/v1alpha1        # also llm-d.ai/v1 and inference.networking.x-k8s.io/v1alpha1
+    kind: EndpointPickerConfig
+    plugins:                             # instances: type, optional name (default: the type), parameters
+      - type: approx-prefix-cache-producer
+        parameters: {blockSizeTokens: 64}
+      - type: prefix-cache-scorer
+      - type: max-score-picker
+    schedulingProfiles:                  # burstsched runs exactly one
+      - name: default
+        plugins:
+          - pluginRef: prefix-cache-scorer
+            weight: 3
+          - pluginRef: max-score-picker
+
+Each plugin type maps to burstsched's own (:mod:`burstsched.config.llmd_plugins` has the table); an unknown
+type, a parameter with no equivalent, or a feature burstsched does not have (several profiles, flow
+control, ...) is refused with a :class:`ConfigError` naming the plugin and the parameter. Producers come
+first in the profile as in llm-d, where they are not listed in profiles; a ``health-filter`` comes next
+(llm-d's pool holds only ready pods; burstsched keeps unhealthy endpoints out with this filter); a
+prefix-cache scorer with no producer gets llm-d's default, an approximate one; a profile with no picker gets
+``max-score-picker``, as in llm-d. Everything else (timeouts, limits, ...) takes burstsched's defaults, and
+burst admission is off unless a ``burst-prefix-cache-producer`` asks for it.
+
+An llm-d pool is usually found by label selector: the same file may carry the ``InferencePool`` as a second
+YAML document (``spec.selector.matchLabels``, ``spec.targetPorts``). Its selector is kept in
+``pool.selector`` for discovery, which burstsched does not do yet: the endpoints still come from
+``--endpoint``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from burstsched.config.errors import ConfigError, ConfigIssue, issues_from_validation
+from burstsched.config.llmd_params import Params
+from burstsched.config.llmd_plugins import BURSTSCHED_TYPES, TRANSLATORS, Translated
+from burstsched.config.models import PluginSpec, RouterConfig
+
+PICKER_CONFIG_KIND = "EndpointPickerConfig"
+API_VERSIONS = ("llm-d.ai/v1alpha1", "llm-d.ai/v1", "inference.networking.x-k8s.io/v1alpha1")
+POOL_KIND = "InferencePool"
+POOL_API_VERSIONS = ("inference.networking.k8s.io/v1", "inference.networking.x-k8s.io/v1alpha2")
+
+_TOP_LEVEL = ("apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector")
+_NOT_SUPPORTED = {
+    "dataLayer": "burstsched scrapes each replica's /metrics itself (pool section)",
+    "flowControl": "burstsched has no flow control (its admission is burst admission)",
+    "requestHandler": "burstsched parses OpenAI requests itself",
+    "parser": "burstsched parses OpenAI requests itself",
+}
+# Gates of features burstsched always has: its producers run before scheduling, its pool scrapes metrics.
+_HARMLESS_GATES = ("prepareDataPlugins", "dataLayer")
+_HEALTH_FILTER = "health-filter"
+_AUTO_PRODUCER = "approx-prefix-producer"
+
+
+def is_kubernetes_document(data: object) -> bool:
+    """Whether a decoded YAML document is a Kubernetes-style object (``apiVersion``/``kind``), not ours."""
+    return isinstance(data, Mapping) and ("apiVersion" in data or "kind" in data)
+
+
+@dataclass(frozen=True)
+class LlmdTranslation:
+    """The router configuration an llm-d file becomes, and what the reader should know about it."""
+
+    config: RouterConfig
+    api_version: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class _Plugin:
+    index: int
+    llmd_type: str
+    llmd_name: str
+    translated: Translated
+
+
+@dataclass
+class _Profile:
+    scorers: list[tuple[str, float | None]] = field(default_factory=list)
+    filters: list[str] = field(default_factory=list)
+    picker: str | None = None
+    listed: set[str] = field(default_factory=set)
+
+
+def translate_llmd(documents: Sequence[object], *, source: str | None = None) -> LlmdTranslation:
+    """Translate an ``EndpointPickerConfig`` (and optionally its ``InferencePool``) into a RouterConfig."""
+    issues: list[ConfigIssue] = []
+    picker_config: Mapping[str, Any] | None = None
+    selector: dict[str, Any] | None = None
+    for i, doc in enumerate(documents):
+        where = f"document {i + 1}" if len(documents) > 1 else ""
+        if not is_kubernetes_document(doc) or not isinstance(doc, Mapping):
+            issues.append(ConfigIssue(where, "expected a document with apiVersion and kind"))
+        elif doc.get("kind") == PICKER_CONFIG_KIND and picker_config is None:
+            picker_config = doc
+        elif doc.get("kind") == POOL_KIND and selector is None:
+            selector = _pool_selector(doc, issues)
+        else:
+            issues.append(
+                ConfigIssue(
+                    _where(where, "kind"),
+                    f"expected one {PICKER_CONFIG_KIND} and at most one {POOL_KIND}, got {doc.get('kind')!r}",
+                )
+            )
+    if picker_config is None:
+        issues.append(ConfigIssue("kind", f"no {PICKER_CONFIG_KIND} document"))
+        raise ConfigError(issues, source)
+    api_version = picker_config.get("apiVersion")
+    if api_version not in API_VERSIONS:
+        issues.append(
+            ConfigIssue("apiVersion", f"expected one of {', '.join(API_VERSIONS)}; got {api_version!r}")
+        )
+    notes: list[str] = []
+    data = _translate_picker_config(picker_config, issues, notes)
+    if selector is not None:
+        data.setdefault("pool", {})["selector"] = selector
+    if issues:
+        raise ConfigError(issues, source)
+    try:
+        config = RouterConfig.model_validate(data)
+    except ValidationError as exc:  # a translation that does not fit: name burstsched's field
+        raise ConfigError(issues_from_validation(exc, prefix="(translated)"), source) from None
+    return LlmdTranslation(config, str(api_version), tuple(notes))
+
+
+def _where(where: str, key: str) -> str:
+    return f"{where}: {key}" if where else key
+
+
+def _translate_picker_config(
+    doc: Mapping[str, Any], issues: list[ConfigIssue], notes: list[str]
+) -> dict[str, Any]:
+    for key in doc:
+        if key in _NOT_SUPPORTED:
+            issues.append(ConfigIssue(str(key), f"not supported: {_NOT_SUPPORTED[key]}"))
+        elif key not in _TOP_LEVEL:
+            issues.append(ConfigIssue(str(key), "unknown field"))
+    _check_gates(doc.get("featureGates"), issues)
+    plugins = _translate_plugins(doc.get("plugins"), issues)
+    profile = _read_profile(doc.get("schedulingProfiles"), plugins, issues)
+    _check_saturation_detector(doc.get("saturationDetector"), plugins, issues)
+    return _assemble(plugins, profile, issues, notes)
+
+
+def _check_gates(gates: object, issues: list[ConfigIssue]) -> None:
+    if gates is None:
+        return
+    if not isinstance(gates, list):
+        issues.append(ConfigIssue("featureGates", "must be a list of gate names"))
+        return
+    for i, gate in enumerate(gates):
+        if not isinstance(gate, str):
+            issues.append(ConfigIssue(f"featureGates[{i}]", f"must be a gate name, got {gate!r}"))
+            continue
+        name, _, value = gate.partition("=")
+        if value.lower() == "false" or name in _HARMLESS_GATES:
+            continue
+        issues.append(ConfigIssue(f"featureGates[{i}]", f"not supported: burstsched has no feature {name!r}"))
+
+
+def _translate_plugins(raw: object, issues: list[ConfigIssue]) -> dict[str, _Plugin]:
+    plugins: dict[str, _Plugin] = {}
+    if not isinstance(raw, list) or not raw:
+        issues.append(ConfigIssue("plugins", "must be a non-empty list of plugins"))
+        return plugins
+    known = ", ".join(sorted(TRANSLATORS))
+    for i, entry in enumerate(raw):
+        path = f"plugins[{i}]"
+        if not isinstance(entry, Mapping):
+            issues.append(ConfigIssue(path, "must be a mapping with type, name and parameters"))
+            continue
+        for key in entry:
+            if key not in ("type", "name", "parameters"):
+                issues.append(ConfigIssue(f"{path}.{key}", "unknown field"))
+        llmd_type, name = entry.get("type"), entry.get("name")
+        if not isinstance(llmd_type, str) or not llmd_type:
+            issues.append(ConfigIssue(f"{path}.type", "required: the llm-d plugin type"))
+            continue
+        if name is not None and (not isinstance(name, str) or not name):
+            issues.append(ConfigIssue(f"{path}.name", "must be a non-empty string"))
+            continue
+        llmd_name = name if name is not None else llmd_type
+        translator = TRANSLATORS.get(llmd_type)
+        if translator is None:
+            issues.append(
+                ConfigIssue(
+                    f"{path}.type", f"llm-d plugin type {llmd_type!r} is not supported (supported: {known})"
+                )
+            )
+            continue
+        if llmd_name in plugins:
+            issues.append(ConfigIssue(f"{path}.name", f"duplicate plugin name {llmd_name!r}"))
+            continue
+        instance = name if name is not None else BURSTSCHED_TYPES.get(llmd_type, llmd_type)
+        params = Params(entry.get("parameters"), f"{path}.parameters", f"{llmd_type} {llmd_name!r}", issues)
+        translated = translator(instance, params)
+        params.finish()
+        spec = translated.spec
+        if name is None and spec is not None and spec.name == spec.type:  # as burstsched writes it
+            translated.spec = spec.model_copy(update={"name": None})
+        plugins[llmd_name] = _Plugin(i, llmd_type, llmd_name, translated)
+    return plugins
+
+
+def _read_profile(raw: object, plugins: dict[str, _Plugin], issues: list[ConfigIssue]) -> _Profile:
+    profile = _Profile()
+    if not isinstance(raw, list) or not raw:
+        issues.append(ConfigIssue("schedulingProfiles", "must be a list of one scheduling profile"))
+        return profile
+    if len(raw) > 1:
+        issues.append(
+            ConfigIssue(
+                "schedulingProfiles[1]",
+                "not supported: burstsched runs one scheduling profile (several need a profile handler, e.g. "
+                "prefill/decode disaggregation)",
+            )
+        )
+    entry = raw[0]
+    if not isinstance(entry, Mapping):
+        issues.append(ConfigIssue("schedulingProfiles[0]", "must be a mapping with name and plugins"))
+        return profile
+    for key in entry:
+        if key not in ("name", "plugins"):
+            issues.append(ConfigIssue(f"schedulingProfiles[0].{key}", "unknown field"))
+    refs = entry.get("plugins")
+    if not isinstance(refs, list):
+        issues.append(ConfigIssue("schedulingProfiles[0].plugins", "must be a list of plugin references"))
+        return profile
+    for j, ref in enumerate(refs):
+        _read_ref(j, ref, plugins, profile, issues)
+    return profile
+
+
+def _read_ref(
+    j: int, ref: object, plugins: dict[str, _Plugin], profile: _Profile, issues: list[ConfigIssue]
+) -> None:
+    path = f"schedulingProfiles[0].plugins[{j}]"
+    if not isinstance(ref, Mapping):
+        issues.append(ConfigIssue(path, "must be a mapping with pluginRef and an optional weight"))
+        return
+    for key in ref:
+        if key not in ("pluginRef", "weight"):
+            issues.append(ConfigIssue(f"{path}.{key}", "unknown field"))
+    name, weight = ref.get("pluginRef"), ref.get("weight")
+    plugin = plugins.get(name) if isinstance(name, str) else None
+    if plugin is None:
+        configured = ", ".join(sorted(plugins)) or "none"
+        issues.append(ConfigIssue(f"{path}.pluginRef", f"unknown plugin {name!r} (configured: {configured})"))
+        return
+    if plugin.llmd_name in profile.listed:
+        issues.append(ConfigIssue(f"{path}.pluginRef", f"plugin {plugin.llmd_name!r} is listed twice"))
+        return
+    profile.listed.add(plugin.llmd_name)
+    role = plugin.translated.role
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0):
+        issues.append(ConfigIssue(f"{path}.weight", f"must be a number at least 0, got {weight!r}"))
+        return
+    if weight is not None and role != "scorer":
+        issues.append(
+            ConfigIssue(f"{path}.weight", f"{plugin.llmd_type} {plugin.llmd_name!r} is not a scorer")
+        )
+        return
+    spec = plugin.translated.spec
+    if role == "scorer" and spec is not None:
+        profile.scorers.append((spec.instance_name, None if weight is None else float(weight)))
+    elif role == "detector" and spec is not None:
+        profile.filters.append(spec.instance_name)
+    elif role == "picker" and spec is not None:
+        if profile.picker is not None:
+            issues.append(ConfigIssue(f"{path}.pluginRef", "a scheduling profile has one picker"))
+        profile.picker = spec.instance_name
+
+
+def _check_saturation_detector(raw: object, plugins: dict[str, _Plugin], issues: list[ConfigIssue]) -> None:
+    if raw is None:
+        return
+    ref = raw.get("pluginRef") if isinstance(raw, Mapping) else None
+    if not isinstance(raw, Mapping) or any(key != "pluginRef" for key in raw):
+        issues.append(ConfigIssue("saturationDetector", "expected {pluginRef: NAME}"))
+    elif ref is not None and (ref not in plugins or plugins[ref].llmd_type != "utilization-detector"):
+        issues.append(
+            ConfigIssue("saturationDetector.pluginRef", f"{ref!r} is not a configured utilization-detector")
+        )
+
+
+def _assemble(
+    plugins: dict[str, _Plugin], profile: _Profile, issues: list[ConfigIssue], notes: list[str]
+) -> dict[str, Any]:
+    by_role: dict[str, list[_Plugin]] = {}
+    for plugin in plugins.values():
+        by_role.setdefault(plugin.translated.role, []).append(plugin)
+    producers = by_role.get("producer", [])
+    bursts = by_role.get("burst", [])
+    detectors = by_role.get("detector", [])
+    for extra in producers[1:]:
+        issues.append(
+            ConfigIssue(
+                f"plugins[{extra.index}].type",
+                f"{extra.llmd_type} {extra.llmd_name!r}: not supported: a second prefix-cache producer "
+                "(burstsched keeps one prefix match per endpoint)",
+            )
+        )
+    for extra in bursts[1:]:
+        issues.append(
+            ConfigIssue(f"plugins[{extra.index}].type", "not supported: a second burst-prefix-cache-producer")
+        )
+    data: dict[str, Any] = {}
+    hashing = _merge_hashing([*producers[:1], *bursts[:1]], issues)
+    specs: dict[str, PluginSpec] = {}
+    producer_names: list[str] = []
+    for plugin in producers[:1]:
+        spec = plugin.translated.spec
+        if spec is not None:
+            specs[spec.instance_name] = spec
+            producer_names.append(spec.instance_name)
+        if plugin.translated.kv_events is not None:
+            data["kv_events"] = plugin.translated.kv_events
+    _check_producer_refs(plugins, issues)
+    prefix_scorers = [n for n, _ in profile.scorers if _type_of(plugins, n) == "prefix-cache-scorer"]
+    if len(prefix_scorers) > 1:
+        issues.append(
+            ConfigIssue(
+                "schedulingProfiles[0].plugins",
+                "not supported: a second prefix-cache-scorer (burstsched keeps one prefix match per "
+                "endpoint)",
+            )
+        )
+    if prefix_scorers and not producer_names:
+        specs[_AUTO_PRODUCER] = PluginSpec(type=_AUTO_PRODUCER)
+        producer_names.append(_AUTO_PRODUCER)
+        hashing.setdefault("max_blocks", 2048)
+        notes.append(
+            "prefix-cache-scorer without a prefix-cache producer: added llm-d's default, an approximate one "
+            f"({_AUTO_PRODUCER})"
+        )
+    if hashing:
+        data["prefix_hashing"] = hashing
+    in_profile = [p for p in detectors if p.translated.spec is not None and p.llmd_name in profile.listed]
+    specs[_HEALTH_FILTER] = PluginSpec(
+        type=_HEALTH_FILTER, parameters={"drop_stale": True} if in_profile else {}
+    )
+    _staleness(detectors, data, issues)
+    for plugin in detectors:
+        if plugin not in in_profile:
+            notes.append(
+                f"utilization-detector {plugin.llmd_name!r} is in no scheduling profile: only its "
+                "metricsStalenessThreshold applies (burstsched has no flow control)"
+            )
+    for plugin in plugins.values():
+        spec = plugin.translated.spec
+        if spec is not None and plugin.llmd_name in profile.listed:
+            specs[spec.instance_name] = spec
+    picker = profile.picker
+    if picker is None:
+        picker = "max-score-picker"
+        specs.setdefault(picker, PluginSpec(type="max-score-picker"))
+        notes.append("the profile has no picker: added max-score-picker, llm-d's default")
+    refs: list[dict[str, Any]] = [{"plugin_ref": name} for name in producer_names]
+    refs.append({"plugin_ref": _HEALTH_FILTER})
+    refs += [{"plugin_ref": name} for name in profile.filters]
+    refs += [{"plugin_ref": name, "weight": weight} for name, weight in profile.scorers]
+    data["plugins"] = [spec.model_dump(exclude_none=True) for spec in specs.values()]
+    data["profile"] = {"plugins": refs, "picker": picker}
+    if bursts:
+        data["admission"] = bursts[0].translated.admission
+        notes.append(
+            "burst-prefix-cache-producer became burst admission: cold requests wait up to "
+            f"{data['admission']['window_ms']:g} ms and are placed by shared-prefix group"
+        )
+    else:
+        data["admission"] = {"enabled": False}
+    return data
+
+
+def _type_of(plugins: dict[str, _Plugin], instance: str) -> str | None:
+    for plugin in plugins.values():
+        spec = plugin.translated.spec
+        if spec is not None and spec.instance_name == instance:
+            return plugin.llmd_type
+    return None
+
+
+def _merge_hashing(sources: list[_Plugin], issues: list[ConfigIssue]) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for plugin in sources:
+        for key, value in plugin.translated.prefix_hashing.items():
+            if key in merged and merged[key] != value:
+                what = "blockSizeTokens" if key == "block_tokens" else "maxPrefixTokensToMatch"
+                issues.append(
+                    ConfigIssue(
+                        f"plugins[{plugin.index}].parameters.{what}",
+                        f"{plugin.llmd_type} {plugin.llmd_name!r}: must agree with the other prefix "
+                        f"producer's ({merged[key]} {key.replace('_', ' ')}): burstsched hashes a "
+                        "prompt once",
+                    )
+                )
+            merged.setdefault(key, value)
+    return merged
+
+
+def _check_producer_refs(plugins: dict[str, _Plugin], issues: list[ConfigIssue]) -> None:
+    for plugin in plugins.values():
+        ref = plugin.translated.producer_ref
+        if ref is None:
+            continue
+        target = plugins.get(ref)
+        if target is None or target.translated.role not in ("producer", "burst"):
+            issues.append(
+                ConfigIssue(
+                    f"plugins[{plugin.index}].parameters.prefixMatchInfoProducerName",
+                    f"{plugin.llmd_type} {plugin.llmd_name!r}: {ref!r} is not a configured prefix-cache "
+                    "producer",
+                )
+            )
+
+
+def _staleness(detectors: list[_Plugin], data: dict[str, Any], issues: list[ConfigIssue]) -> None:
+    values = {p.translated.staleness_ms for p in detectors if p.translated.staleness_ms is not None}
+    if len(values) > 1:
+        issues.append(
+            ConfigIssue(
+                "plugins",
+                "utilization-detectors disagree on metricsStalenessThreshold: burstsched has one staleness "
+                "threshold for the pool",
+            )
+        )
+    elif values:
+        data["pool"] = {"staleness_threshold_ms": values.pop()}
+
+
+def _pool_selector(doc: Mapping[str, Any], issues: list[ConfigIssue]) -> dict[str, Any] | None:
+    """An InferencePool's label selector and target port (v1 and v1alpha2 shapes)."""
+    version = doc.get("apiVersion")
+    if version not in POOL_API_VERSIONS:
+        issues.append(
+            ConfigIssue(
+                f"{POOL_KIND}.apiVersion", f"expected one of {', '.join(POOL_API_VERSIONS)}; got {version!r}"
+            )
+        )
+        return None
+    spec = doc.get("spec")
+    metadata = doc.get("metadata")
+    if not isinstance(spec, Mapping):
+        issues.append(ConfigIssue(f"{POOL_KIND}.spec", "required: a mapping with selector and target port"))
+        return None
+    raw_selector = spec.get("selector")
+    if version == "inference.networking.k8s.io/v1":
+        if isinstance(raw_selector, Mapping) and "matchExpressions" in raw_selector:
+            issues.append(
+                ConfigIssue(f"{POOL_KIND}.spec.selector.matchExpressions", "not supported: matchLabels only")
+            )
+        labels = raw_selector.get("matchLabels") if isinstance(raw_selector, Mapping) else None
+        ports = spec.get("targetPorts")
+        port = (
+            ports[0].get("number")
+            if isinstance(ports, list) and ports and isinstance(ports[0], Mapping)
+            else None
+        )
+        if isinstance(ports, list) and len(ports) > 1:
+            issues.append(ConfigIssue(f"{POOL_KIND}.spec.targetPorts", "not supported: one target port"))
+    else:
+        labels, port = raw_selector, spec.get("targetPortNumber")
+    if (
+        not isinstance(labels, Mapping)
+        or not labels
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+    ):
+        issues.append(ConfigIssue(f"{POOL_KIND}.spec.selector", "required: labels as a map of strings"))
+        return None
+    selector: dict[str, Any] = {"match_labels": dict(labels)}
+    if port is not None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            issues.append(ConfigIssue(f"{POOL_KIND}.spec", f"target port must be 1..65535, got {port!r}"))
+            return None
+        selector["target_port"] = port
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    if isinstance(namespace, str) and namespace:
+        selector["namespace"] = namespace
+    return selector

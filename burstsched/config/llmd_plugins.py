@@ -1,0 +1,264 @@
+"""llm-d plugin types and their parameters, each translated to burstsched's plugin or config section.
+
+=============================== ========================================================================
+llm-d type                      burstsched
+=============================== ========================================================================
+approx-prefix-cache-producer    ``approx-prefix-producer`` (``lruCapacityPerServer`` → its
+                                ``default_capacity_blocks``); ``blockSizeTokens`` and
+                                ``maxPrefixTokensToMatch`` / ``maxPrefixBlocksToMatch`` → ``prefix_hashing``
+precise-prefix-cache-producer   ``precise-prefix-producer``; ``kvEventsConfig`` → ``kv_events``
+burst-prefix-cache-producer     burst admission (``admission``): ``windowDurationMs``, ``maxPerReplica``,
+                                ``minColocateBlocks``
+prefix-cache-scorer             ``prefix-cache-scorer``
+queue-scorer                    ``queue-scorer``
+kv-cache-utilization-scorer     ``kv-utilization-scorer``
+max-score-picker                ``max-score-picker`` (round-robin among ties ≈ its ``least-recent``)
+random-picker                   ``random-picker``
+weighted-random-picker          ``weighted-random-picker``
+utilization-detector            ``metricsStalenessThreshold`` → ``pool.staleness_threshold_ms``; listed in a
+                                profile (as a filter): stale endpoints dropped (``health-filter`` with
+                                ``drop_stale``) and ``saturation-filter`` at ``threshold × (1 + headroom)``
+single-profile-handler          nothing (burstsched runs one profile)
+=============================== ========================================================================
+
+Differences kept on purpose: burstsched hashes a prompt's bytes into pseudo-tokens of 4 bytes and uses
+``blockSizeTokens`` as given (current llm-d raises block sizes under 64 to 64; the default here is 64);
+burstsched always sizes each endpoint's index from the KV capacity the endpoint reports (llm-d's
+``autoTune: true``), so ``autoTune: false`` is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from burstsched.config.admission import AdmissionConfig
+from burstsched.config.llmd_params import Params
+from burstsched.config.models import PluginSpec
+
+Role = Literal["producer", "burst", "filter", "scorer", "picker", "detector", "handler"]
+
+DEFAULT_BLOCK_TOKENS = 64  # llm-d's effective approximate block size (its floor)
+_APPROX_MAX_TOKENS = 131072  # llm-d's default maxPrefixTokensToMatch
+_APPROX_MAX_BLOCKS = 2048  # llm-d's default maxPrefixBlocksToMatch
+_LRU_CAPACITY = 31250
+_SPECULATIVE_TTL_MS = 2000.0
+_SOCKET_PORT = 5557
+
+
+@dataclass
+class Translated:
+    """What one llm-d plugin becomes."""
+
+    role: Role
+    spec: PluginSpec | None = None
+    prefix_hashing: dict[str, int] = field(default_factory=dict)
+    admission: dict[str, Any] | None = None
+    kv_events: dict[str, Any] | None = None
+    staleness_ms: float | None = None
+    saturation: dict[str, Any] | None = None
+    producer_ref: str | None = None
+
+
+Translator = Callable[[str, Params], Translated]
+
+
+def _prefix_cap(p: Params, block_tokens: int, default_tokens: int, default_blocks: int) -> int | None:
+    """``maxPrefixTokensToMatch`` (tokens, wins when > 0) or ``maxPrefixBlocksToMatch``, in blocks."""
+    tokens = p.integer("maxPrefixTokensToMatch", default_tokens, minimum=0)
+    blocks = p.integer("maxPrefixBlocksToMatch", default_blocks, minimum=0)
+    if tokens > 0:
+        if tokens < block_tokens:
+            p.issue("maxPrefixTokensToMatch", f"must be at least one block ({block_tokens} tokens)")
+            return None
+        return tokens // block_tokens
+    if blocks == 0:
+        p.issue(
+            "maxPrefixBlocksToMatch",
+            "not supported: 0 turns prefix matching off; burstsched matches at least one block (leave the "
+            "producer out instead)",
+        )
+        return None
+    return blocks
+
+
+def _approx_producer(name: str, p: Params) -> Translated:
+    if not p.flag("autoTune", True):
+        p.issue(
+            "autoTune",
+            "not supported: false; burstsched always sizes each endpoint's index from the KV capacity the "
+            "endpoint reports (lruCapacityPerServer applies until it does)",
+        )
+    p.refuse("blockSize", "the character-based block size is deprecated in llm-d; use blockSizeTokens")
+    block_tokens = p.integer("blockSizeTokens", DEFAULT_BLOCK_TOKENS, minimum=1, maximum=4096)
+    max_blocks = _prefix_cap(p, block_tokens, _APPROX_MAX_TOKENS, _APPROX_MAX_BLOCKS)
+    capacity = p.integer("lruCapacityPerServer", _LRU_CAPACITY, minimum=1)
+    hashing = {"block_tokens": block_tokens}
+    if max_blocks is not None:
+        hashing["max_blocks"] = max_blocks
+    spec = PluginSpec(
+        type="approx-prefix-producer", name=name, parameters={"default_capacity_blocks": capacity}
+    )
+    return Translated("producer", spec, prefix_hashing=hashing)
+
+
+def _precise_producer(name: str, p: Params) -> Translated:
+    p.refuse("sessionManager", "burstsched has no session-manager lookup")
+    p.refuse("redisConfig", "burstsched keeps its index in memory")
+    tokens = p.nested("tokenProcessorConfig")
+    block_size: int | None = None
+    for key in ("blockSizeTokens", "blockSize"):
+        if tokens.has(key):
+            block_size = tokens.integer(key, 0, minimum=1)
+    tokens.accept("hashSeed")  # burstsched rehashes token ids with its own chain: the seed changes nothing
+    tokens.finish()
+    speculative = p.flag("speculativeIndexing", False)
+    ttl_ms = p.duration_ms("speculativeTTL", _SPECULATIVE_TTL_MS)
+    indexer = p.nested("indexerConfig")
+    block_index = indexer.nested("kvBlockIndexConfig")
+    block_index.accept("enableMetrics")  # burstsched's index metrics are always on
+    block_index.finish()
+    indexer.finish()
+    events = p.nested("kvEventsConfig")
+    events.text("engineType", "vllm", choices=("vllm",))
+    topic = events.text("topicFilter", "")
+    events.refuse(
+        "zmqEndpoint",
+        "burstsched subscribes to each replica's own publisher (discoverPods: true), not to one socket the "
+        "replicas connect to",
+    )
+    if not events.flag("discoverPods", False):
+        events.issue(
+            "discoverPods",
+            "must be true: burstsched subscribes to each replica's own publisher "
+            "(podDiscoveryConfig.socketPort)",
+        )
+    discovery = events.nested("podDiscoveryConfig")
+    port = discovery.integer("socketPort", _SOCKET_PORT, minimum=1, maximum=65535)
+    discovery.finish()
+    events.accept("concurrency")  # a worker count: burstsched reads events on its own loop
+    events.finish()
+    parameters: dict[str, Any] = {"speculative_ttl_ms": ttl_ms if speculative else 0.0}
+    if block_size is not None:
+        parameters["block_size"] = block_size
+    spec = PluginSpec(type="precise-prefix-producer", name=name, parameters=parameters)
+    kv_events = {"endpoint_template": f"tcp://{{host}}:{port}", "topic": topic}
+    return Translated("producer", spec, kv_events=kv_events)
+
+
+def _burst_producer(name: str, p: Params) -> Translated:
+    defaults = AdmissionConfig()
+    window_ms = p.number("windowDurationMs", 100.0, minimum=1e-3, maximum=1000.0)
+    per_replica = p.integer("maxPerReplica", -1, minimum=-1)
+    if per_replica == 0:
+        p.issue("maxPerReplica", "must be -1 (unlimited) or at least 1, got 0")
+    block_tokens = p.integer("blockSizeTokens", DEFAULT_BLOCK_TOKENS, minimum=1, maximum=4096)
+    max_tokens = p.integer("maxPrefixTokensToMatch", 0, minimum=0)
+    shared = p.integer("minColocateBlocks", 0, minimum=0)
+    if shared == 0:
+        p.issue(
+            "minColocateBlocks",
+            "must be at least 1: burstsched groups requests that share at least this many leading blocks; "
+            "llm-d's 0 (identical prompts only) has no equivalent",
+        )
+    hashing = {"block_tokens": block_tokens}
+    if max_tokens > 0:
+        if max_tokens < block_tokens:
+            p.issue("maxPrefixTokensToMatch", f"must be 0 or at least one block ({block_tokens} tokens)")
+        else:
+            hashing["max_blocks"] = max_tokens // block_tokens
+    admission = {
+        "enabled": True,
+        "window_ms": window_ms,
+        "max_per_endpoint": defaults.max_batch if per_replica < 1 else per_replica,
+        "min_shared_blocks": max(1, shared),
+    }
+    return Translated("burst", prefix_hashing=hashing, admission=admission)
+
+
+def _prefix_scorer(name: str, p: Params) -> Translated:
+    for legacy in ("hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer"):
+        p.refuse(legacy, "a prefix-cache producer's parameter: set it on approx-prefix-cache-producer")
+    if p.number("prefixLengthWeight", 0.0, minimum=0.0, maximum=1.0) != 0.0:
+        p.issue(
+            "prefixLengthWeight", "not supported: burstsched scores the matched share of the prompt only (0)"
+        )
+    p.integer("maxModelLen", 8192, minimum=1)  # used by llm-d only with a prefixLengthWeight above 0
+    ref = p.text("prefixMatchInfoProducerName", "") or None
+    spec = PluginSpec(type="prefix-cache-scorer", name=name)
+    return Translated("scorer", spec, producer_ref=ref)
+
+
+def _plain(role: Role, burstsched_type: str) -> Translator:
+    def translate(name: str, p: Params) -> Translated:
+        return Translated(role, PluginSpec(type=burstsched_type, name=name))
+
+    return translate
+
+
+def _picker(burstsched_type: str) -> Translator:
+    def translate(name: str, p: Params) -> Translated:
+        if p.integer("maxNumOfEndpoints", 1) > 1:
+            p.issue(
+                "maxNumOfEndpoints",
+                "not supported above 1: burstsched sends a request to one endpoint and fails over in the "
+                "picker's order (dispatch.max_attempts)",
+            )
+        return Translated("picker", PluginSpec(type=burstsched_type, name=name))
+
+    return translate
+
+
+def _utilization_detector(name: str, p: Params) -> Translated:
+    queue = p.integer("queueDepthThreshold", 5, minimum=1)
+    kv = p.number("kvCacheUtilThreshold", 0.8, minimum=1e-9, maximum=1.0)
+    headroom = p.number("headroom", 0.0, minimum=0.0)
+    staleness_ms = p.duration_ms("metricsStalenessThreshold", 200.0)
+    p.text("stalenessPolicy", "saturated", choices=("saturated",))
+    p.refuse("inFlightLoadProducerName", "burstsched has no in-flight load producer")
+    # llm-d keeps an endpoint while waiting < queue x (1 + headroom) and kv < kv x (1 + headroom); the
+    # saturation filter drops one at waiting >= max_waiting or kv >= max_kv_usage.
+    saturation = {
+        "max_waiting": max(1, math.ceil(queue * (1.0 + headroom) - 1e-9)),
+        "max_kv_usage": min(1.0, kv * (1.0 + headroom)),
+    }
+    spec = PluginSpec(type="saturation-filter", name=name, parameters=saturation)
+    return Translated("detector", spec, staleness_ms=staleness_ms, saturation=saturation)
+
+
+def _nothing(role: Role) -> Translator:
+    def translate(name: str, p: Params) -> Translated:
+        return Translated(role)
+
+    return translate
+
+
+TRANSLATORS: dict[str, Translator] = {
+    "approx-prefix-cache-producer": _approx_producer,
+    "precise-prefix-cache-producer": _precise_producer,
+    "burst-prefix-cache-producer": _burst_producer,
+    "prefix-cache-scorer": _prefix_scorer,
+    "queue-scorer": _plain("scorer", "queue-scorer"),
+    "kv-cache-utilization-scorer": _plain("scorer", "kv-utilization-scorer"),
+    "max-score-picker": _picker("max-score-picker"),
+    "random-picker": _picker("random-picker"),
+    "weighted-random-picker": _picker("weighted-random-picker"),
+    "utilization-detector": _utilization_detector,
+    "single-profile-handler": _nothing("handler"),
+}
+"""llm-d plugin type → its translation."""
+
+BURSTSCHED_TYPES: dict[str, str] = {
+    "approx-prefix-cache-producer": "approx-prefix-producer",
+    "precise-prefix-cache-producer": "precise-prefix-producer",
+    "prefix-cache-scorer": "prefix-cache-scorer",
+    "queue-scorer": "queue-scorer",
+    "kv-cache-utilization-scorer": "kv-utilization-scorer",
+    "max-score-picker": "max-score-picker",
+    "random-picker": "random-picker",
+    "weighted-random-picker": "weighted-random-picker",
+    "utilization-detector": "saturation-filter",
+}
+"""llm-d plugin type → the burstsched plugin type it becomes (types that become a plugin only)."""
