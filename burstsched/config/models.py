@@ -330,6 +330,18 @@ class TracingConfig(StrictModel):
     )
 
 
+class MetricsConfig(StrictModel):
+    """The router's own Prometheus metrics."""
+
+    timing_every: int = Field(
+        default=8,
+        ge=1,
+        description="Time the scheduler and each plugin on one scheduling cycle in this many "
+        "(burstsched_scheduling_duration_seconds and burstsched_plugin_duration_seconds are a sample of the "
+        "cycles); 1 times every cycle. Timing is a cost on every request's path.",
+    )
+
+
 class RouterConfig(StrictModel):
     """The whole configuration of one router process."""
 
@@ -350,6 +362,7 @@ class RouterConfig(StrictModel):
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig)
     tokenizer: TokenizerConfig = Field(
         default_factory=TokenizerConfig,

@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -31,15 +31,24 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from burstsched.admission import Admission, AdmissionClosed, AdmissionQueueFull, NoEndpointAvailable
 from burstsched.config import RouterConfig
-from burstsched.dispatch import Dispatcher, LeanTransport, getter, upstream_for, upstream_request_headers
+from burstsched.dispatch import (
+    Dispatcher,
+    Upstream,
+    UpstreamClient,
+    getter,
+    poster,
+    tls_context,
+    upstream_request_headers,
+)
 from burstsched.dispatch.drain import Drainer
 from burstsched.framework import ApiKind, KVEventConsumer, PluginContext, PluginRegistry
 from burstsched.front.auth import AuthMiddleware, AuthSettings
 from burstsched.front.draining import RefuseWhileDraining
+from burstsched.front.hot_path import ErrorGuard, RouterApp
 from burstsched.front.limits import BodyDeadlineMiddleware
 from burstsched.front.request import ClientDisconnected, RequestError, parse_request, read_body
 from burstsched.kvcache import KVEventHub, stream_addresses
@@ -60,7 +69,8 @@ class Router:
     """The running router's parts, built by the lifespan; the app's handlers go through it."""
 
     config: RouterConfig
-    client: httpx.AsyncClient
+    upstream: Upstream
+    """Every request to the replicas goes through it (dispatch, checks, scrapes, ``/tokenize``)."""
     pool: EndpointPool
     scheduler: Scheduler
     dispatcher: Dispatcher
@@ -246,7 +256,7 @@ def _event_hub(
 
 
 def _prompt_tokenizer(
-    config: RouterConfig, needed: bool, client: httpx.AsyncClient, pool: EndpointPool
+    config: RouterConfig, needed: bool, upstream: Upstream, pool: EndpointPool
 ) -> PromptTokenizer | None:
     """The prompt tokenizer when a precise producer needs token ids and the config names a source."""
     if not needed:
@@ -255,7 +265,7 @@ def _prompt_tokenizer(
     def any_healthy_url() -> str | None:
         return next((s.url for s in pool.snapshots() if s.healthy), None)
 
-    tokenizer = build_prompt_tokenizer(config.tokenizer, client, any_healthy_url)
+    tokenizer = build_prompt_tokenizer(config.tokenizer, poster(upstream), any_healthy_url)
     if tokenizer is None:
         log.warning(
             "the profile has a precise prefix producer but tokenizer.source is none: every request is "
@@ -264,18 +274,29 @@ def _prompt_tokenizer(
     return tokenizer
 
 
+def _upstream_client(config: RouterConfig) -> UpstreamClient:
+    """The production upstream client, as the ``dispatch`` section configures it."""
+    dispatch = config.dispatch
+    return UpstreamClient(
+        max_connections=dispatch.max_connections,
+        keepalive=dispatch.max_keepalive_connections > 0,
+        tls=tls_context(),
+    )
+
+
 def create_app(
     config: RouterConfig,
     *,
     registry: PluginRegistry | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
+    upstream: Upstream | None = None,
     clock: Clock = time.monotonic,
     rng: random.Random | None = None,
 ) -> Starlette:
     """The router as an ASGI app; its lifespan builds the scheduler, the upstream client and the pool.
 
-    ``registry`` defaults to the installed plugins; ``transport`` replaces the upstream transport (default:
-    :class:`LeanTransport`, a keep-alive HTTP/1.1 pool);
+    ``registry`` defaults to the installed plugins; ``upstream`` replaces the upstream client for every
+    request to the replicas (default: an :class:`UpstreamClient` the lifespan opens and closes; tests pass
+    e.g. an :class:`~burstsched.dispatch.HttpxUpstream` over ``httpx.MockTransport``);
     ``clock`` (monotonic seconds) and ``rng`` drive staleness and the pickers' randomness.
     """
     registry = registry if registry is not None else PluginRegistry.discover()
@@ -303,18 +324,16 @@ def create_app(
             cycle_observer=metrics.scheduling_duration.observe,
         )
         timeouts = config.dispatch.timeouts
-        upstream = transport or LeanTransport(
-            max_connections=config.dispatch.max_connections,
-            max_keepalive_connections=config.dispatch.max_keepalive_connections,
-        )
         upstream_timeouts = httpx.Timeout(
             connect=timeouts.connect_ms / 1000.0,
             read=timeouts.read_ms / 1000.0,
             write=timeouts.write_ms / 1000.0,
             pool=timeouts.pool_ms / 1000.0,
         )
-        async with httpx.AsyncClient(transport=upstream, timeout=upstream_timeouts) as client:
-            upstream_io = upstream_for(upstream)
+        async with AsyncExitStack() as resources:
+            upstream_io = upstream
+            if upstream_io is None:
+                upstream_io = await resources.enter_async_context(_upstream_client(config))
             consumers = [p for p in scheduler.profile.plugins if isinstance(p, KVEventConsumer)]
             hub = _event_hub(config, consumers, metrics)
 
@@ -325,15 +344,14 @@ def create_app(
 
             pool = EndpointPool(
                 config.endpoints,
-                client,
                 config.pool,
+                getter(upstream_io),
                 clock=clock,
                 models=config.models,
-                fetch=getter(upstream_io),
                 circuit=circuit_settings,
                 on_down=endpoint_down,
             )
-            tokenizer = _prompt_tokenizer(config, bool(consumers), client, pool)
+            tokenizer = _prompt_tokenizer(config, bool(consumers), upstream_io, pool)
             metrics.watch_endpoints(pool.snapshots)
             metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
             loop = asyncio.get_running_loop()
@@ -351,7 +369,7 @@ def create_app(
             tracing = Tracing(tracing_settings) if tracing_settings is not None else None
             admission = Admission(config.admission, scheduler, pool.snapshots)
             app.state.router = Router(
-                config, client, pool, scheduler, dispatcher, metrics, admission, tracing, tokenizer, hub
+                config, upstream_io, pool, scheduler, dispatcher, metrics, admission, tracing, tokenizer, hub
             )
             await pool.refresh()
             async with admission, anyio.create_task_group() as tg:
@@ -375,12 +393,21 @@ def create_app(
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/admin/reset", _reset, methods=["POST"]),
     ]
+    body_timeout_s = config.limits.body_timeout_ms / 1000.0
     middleware = [
         Middleware(RefuseWhileDraining, drainer=drainer),
         Middleware(AuthMiddleware, settings=auth_settings),
-        Middleware(BodyDeadlineMiddleware, body_timeout_s=config.limits.body_timeout_ms / 1000.0),
+        Middleware(BodyDeadlineMiddleware, body_timeout_s=body_timeout_s),
     ]
-    app = Starlette(
+
+    def hot(api: ApiKind) -> ASGIApp:
+        """The same middleware, outermost first, around one completions endpoint."""
+        guarded = ErrorGuard(_CompletionsEndpoint(api))
+        deadline = BodyDeadlineMiddleware(guarded, body_timeout_s=body_timeout_s)
+        return RefuseWhileDraining(AuthMiddleware(deadline, settings=auth_settings), drainer=drainer)
+
+    app = RouterApp(
+        hot={"/v1/chat/completions": hot(ApiKind.CHAT), "/v1/completions": hot(ApiKind.COMPLETIONS)},
         routes=routes,
         middleware=middleware,
         lifespan=lifespan,

@@ -146,7 +146,12 @@ def build_scheduler(
 ) -> Scheduler:
     """Build the configured plugins and wire them into a :class:`Scheduler`."""
     plugins = build_plugins(config.plugins, registry, context)
-    return Scheduler(build_profile(config.profile, plugins), observer=observer, cycle_observer=cycle_observer)
+    return Scheduler(
+        build_profile(config.profile, plugins),
+        observer=observer,
+        cycle_observer=cycle_observer,
+        timing_every=config.metrics.timing_every,
+    )
 
 
 def _unknown(name: str, plugins: dict[str, Plugin]) -> str:

@@ -52,18 +52,36 @@ class Scheduler:
         *,
         observer: PluginObserver | None = None,
         cycle_observer: CycleObserver | None = None,
+        timing_every: int = 1,
     ) -> None:
+        if timing_every < 1:
+            raise ValueError("timing_every must be at least 1")
         self.profile = profile
         self._observer = observer
         self._cycle_observer = cycle_observer
+        self._timing_every = timing_every
+        self._cycles = [0, 0]  # calls of produce() alone and of schedule() since each was last timed
+
+    def _timed(self, which: int) -> bool:
+        """Whether this call is one of the sampled ones (one in ``timing_every``) that the observers see."""
+        count = self._cycles[which] + 1
+        if count >= self._timing_every:
+            self._cycles[which] = 0
+            return True
+        self._cycles[which] = count
+        return False
 
     def produce(self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot]) -> CycleState:
         """Run the producers alone: what they know of ``request`` on each endpoint (e.g. its prefix match).
 
         Pass the result to :meth:`schedule` (same request, same endpoints) so they do not run twice.
         """
+        return self._produce(request, endpoints, self._observer if self._timed(0) else None)
+
+    def _produce(
+        self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot], observe: PluginObserver | None
+    ) -> CycleState:
         state = CycleState()
-        observe = self._observer
         for producer in self.profile.producers:
             started = time.perf_counter() if observe else 0.0
             producer.produce(request, endpoints, state)
@@ -84,10 +102,11 @@ class Scheduler:
         """
         if not endpoints:
             raise NoEndpointsError("no endpoints to schedule on")
-        cycle_started = time.perf_counter()
+        timed = self._timed(1)
+        cycle_started = time.perf_counter() if timed else 0.0
         profile = self.profile
-        observe = self._observer
-        state = produced if produced is not None else self.produce(request, endpoints)
+        observe = self._observer if timed else None
+        state = produced if produced is not None else self._produce(request, endpoints, observe)
 
         candidates: Sequence[EndpointSnapshot] = endpoints
         for filter_ in profile.filters:
@@ -121,7 +140,7 @@ class Scheduler:
             observe("picker", picker.name, time.perf_counter() - started)
         if len(ranked) != len(scored) or {s.name for s in ranked} != {s.name for s in scored}:
             raise PluginContractError(f"picker {picker.name!r} must return every candidate exactly once")
-        if self._cycle_observer is not None:
+        if timed and self._cycle_observer is not None:
             self._cycle_observer(time.perf_counter() - cycle_started)
         matches = {}
         for scored_endpoint in ranked:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import random
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-import httpx
 import uvicorn
 from starlette.applications import Starlette
 
@@ -41,6 +41,7 @@ from burstsched.config import (
     parse_endpoint_arg,
     with_tokenizer,
 )
+from burstsched.dispatch import Upstream
 from burstsched.dispatch.drain import Drainer
 from burstsched.framework import PluginRegistry
 from burstsched.front.app import Clock, create_app
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     uv_config = _uvicorn_config(
         app, host=args.host, port=args.port, log_level=args.log_level, limits=config.limits
     )
-    server = DrainingServer(uv_config, _drainer(app))
+    server = DrainingServer(uv_config, _drainer(app), freeze_gc=True)
     sockets: list[socket.socket] | None = None
     if config.auth.admin_port is not None:  # one server, two listening sockets: the API's and the admin's
         try:
@@ -176,11 +177,26 @@ def _drainer(app: Starlette) -> Drainer | None:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, with the app's :class:`Drainer` run as shutdown begins (uvicorn stops accepting then)."""
+    """uvicorn, with the app's :class:`Drainer` run as shutdown begins (uvicorn stops accepting then).
 
-    def __init__(self, config: uvicorn.Config, drainer: Drainer | None = None) -> None:
+    ``freeze_gc``: once started, move every object alive then (modules, plugins, compiled kernels, the
+    config) out of the cyclic garbage collector's reach (``gc.freeze``). The process holds a few hundred
+    thousand such objects (numba, pydantic, OpenTelemetry); without this, each full collection walks them
+    all, and the collections that requests' garbage sets off cost ~15% of the router's CPU per request.
+    """
+
+    def __init__(
+        self, config: uvicorn.Config, drainer: Drainer | None = None, *, freeze_gc: bool = False
+    ) -> None:
         super().__init__(config)
         self.drainer = drainer
+        self.freeze_gc = freeze_gc
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.freeze_gc and self.started:
+            gc.collect()
+            gc.freeze()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         drainer = self.drainer
@@ -243,13 +259,13 @@ async def running_router(
     config: RouterConfig,
     *,
     registry: PluginRegistry | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
+    upstream: Upstream | None = None,
     clock: Clock = time.monotonic,
     rng: random.Random | None = None,
     start_timeout: float = 30.0,
 ) -> AsyncIterator[RunningRouter]:
     """Serve the router with uvicorn on a free 127.0.0.1 port in the current event loop."""
-    app = create_app(config, registry=registry, transport=transport, clock=clock, rng=rng)
+    app = create_app(config, registry=registry, upstream=upstream, clock=clock, rng=rng)
     async with serving(app, start_timeout=start_timeout, limits=config.limits) as url:
         yield RunningRouter(url, app)
 

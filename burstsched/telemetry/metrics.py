@@ -295,6 +295,8 @@ class RouterMetrics:
         self._lag_children: dict[str, Histogram] = {}
         self._plugin_children: dict[tuple[str, str], Histogram] = {}
         self._ttft_children: dict[str, Histogram] = {}
+        self._request_children: dict[tuple[str, str], Counter] = {}
+        self._attempt_children: dict[tuple[str, str], Counter] = {}
         self._e2e_children: dict[str, Histogram] = {}
         self._wait_children: dict[str, Histogram] = {}
 
@@ -327,10 +329,18 @@ class RouterMetrics:
         return _TimedSend(send, self)
 
     def request_done(self, endpoint: str | None, outcome: str) -> None:
-        self.requests.labels(endpoint or NO_ENDPOINT, outcome).inc()
+        key = (endpoint or NO_ENDPOINT, outcome)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(*key)
+        child.inc()
 
     def attempt(self, endpoint: str, result: str) -> None:
-        self.upstream_attempts.labels(endpoint, result).inc()
+        key = (endpoint, result)
+        child = self._attempt_children.get(key)
+        if child is None:
+            child = self._attempt_children[key] = self.upstream_attempts.labels(*key)
+        child.inc()
 
     def observe_ttft(self, endpoint: str, seconds: float) -> None:
         _child(self._ttft_children, self.ttft, endpoint).observe(seconds)

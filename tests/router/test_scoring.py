@@ -199,3 +199,33 @@ def test_group_size_counts_as_load_with_pending() -> None:
     decision = Scheduler(profile).schedule(sched_request(group_size=8), eps)
     assert decision.endpoint.name == "b"
     assert [s.total for s in decision.ranked] == [1.0, 0.0]
+
+
+def test_the_observers_see_one_cycle_in_timing_every() -> None:
+    """Plugin and cycle timings are a sample: one schedule (and one produce) call in ``timing_every``."""
+    profile = SchedulerProfile(
+        filters=[],
+        scorers=[WeightedScorer(QueueScorer("queue", QueueParameters(), CTX), 1.0)],
+        picker=MaxScorePicker("picker", MaxScoreParameters(), CTX),
+        producers=[],
+    )
+    seen: list[tuple[str, str]] = []
+    cycles: list[float] = []
+    scheduler = Scheduler(
+        profile,
+        observer=lambda point, name, _s: seen.append((point, name)),
+        cycle_observer=cycles.append,
+        timing_every=4,
+    )
+    endpoints = [EndpointSnapshot(name=f"e{i}", url="http://127.0.0.1:1") for i in range(2)]
+    request = sched_request()
+    for _ in range(12):
+        scheduler.schedule(request, endpoints)
+    assert len(cycles) == 3
+    assert seen == [("scorer", "queue"), ("picker", "picker")] * 3
+    for _ in range(8):  # produce() alone keeps its own count: schedule()'s sampling is unchanged by it
+        state = scheduler.produce(request, endpoints)
+        scheduler.schedule(request, endpoints, produced=state)
+    assert len(cycles) == 5
+    with pytest.raises(ValueError):
+        Scheduler(profile, timing_every=0)
