@@ -8,6 +8,16 @@ from burstsched.sim.config import SimConfig
 from burstsched.sim.cost_model import CostModel
 from burstsched.sim.faults import Faults
 from burstsched.sim.pool import SimPool, SimStopError
+from burstsched.sim.recording import RecordedRequest
 from burstsched.sim.replica import SimReplica, SimStartError
 
-__all__ = ["CostModel", "Faults", "SimConfig", "SimPool", "SimReplica", "SimStartError", "SimStopError"]
+__all__ = [
+    "CostModel",
+    "Faults",
+    "RecordedRequest",
+    "SimConfig",
+    "SimPool",
+    "SimReplica",
+    "SimStartError",
+    "SimStopError",
+]

@@ -1,17 +1,20 @@
-"""Fault injection for a replica: errors, stalls before the first byte, a dead ``/metrics``.
+"""Fault injection for a replica: errors, stalls before the first byte, cut connections, a dead ``/metrics``.
 
 Set through ``POST /sim/faults`` (JSON with any of the fields; ``{}`` clears all) or the Python API.
 ``error_rate`` is the chance that an inference request (``/v1/chat/completions``, ``/v1/completions``)
 is answered with ``error_status`` and an OpenAI error body; ``stall_before_first_byte_s`` holds every
 inference response that long (wall-clock seconds, not scaled) before anything is sent;
-``metrics_dead`` makes ``/metrics`` hang without answering until the fault is cleared.
+``disconnect_after_events`` closes every inference response's connection abruptly after that many SSE
+events of a stream (0: right after the response head), and a non-streaming response's before its head,
+as when the replica's process dies mid-response; ``metrics_dead`` makes ``/metrics`` hang without
+answering until the fault is cleared.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
@@ -27,6 +30,7 @@ class Faults:
     error_status: int = 500
     stall_before_first_byte_s: float = 0.0
     metrics_dead: bool = False
+    disconnect_after_events: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
@@ -35,13 +39,15 @@ class Faults:
             raise FaultSpecError("error_status must be an HTTP error status (400..599)")
         if self.stall_before_first_byte_s < 0:
             raise FaultSpecError("stall_before_first_byte_s must be >= 0")
+        if self.disconnect_after_events is not None and self.disconnect_after_events < 0:
+            raise FaultSpecError("disconnect_after_events must be >= 0 (or null: no disconnect)")
 
     @classmethod
     def from_json(cls, body: Any) -> Faults:
         """Faults from a JSON object; unknown fields and wrong types raise :class:`FaultSpecError`."""
         if not isinstance(body, dict):
             raise FaultSpecError("faults must be a JSON object")
-        unknown = set(body) - {"error_rate", "error_status", "stall_before_first_byte_s", "metrics_dead"}
+        unknown = set(body) - {f.name for f in fields(cls)}
         if unknown:
             raise FaultSpecError(f"unknown fault fields: {sorted(unknown)}")
         kwargs: dict[str, Any] = {}
@@ -56,6 +62,11 @@ class Faults:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise FaultSpecError("error_status must be an integer")
             kwargs["error_status"] = value
+        if "disconnect_after_events" in body:
+            value = body["disconnect_after_events"]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise FaultSpecError("disconnect_after_events must be an integer or null")
+            kwargs["disconnect_after_events"] = value
         if "metrics_dead" in body:
             if not isinstance(body["metrics_dead"], bool):
                 raise FaultSpecError("metrics_dead must be a boolean")

@@ -9,6 +9,7 @@ caller's loop::
         pool.set_faults(0, Faults(error_rate=1.0, error_status=503))
         pool.reset_prefix_cache()
         pool.kill(1)                   # abrupt, like SIGKILL
+        pool.requests(0)               # with record_requests=True (tests): the inference requests received
 
     async with SimPool(configs=[cfg_a, cfg_b]) as pool: ...   # start/stop off the caller's loop
 
@@ -29,6 +30,7 @@ import anyio.to_thread
 
 from burstsched.sim.config import SimConfig
 from burstsched.sim.faults import Faults
+from burstsched.sim.recording import RecordedRequest
 from burstsched.sim.replica import SimReplica, SimStartError
 
 T = TypeVar("T")
@@ -50,6 +52,7 @@ class SimPool:
         start_timeout_s: float = 20.0,
         stop_timeout_s: float = 20.0,
         call_timeout_s: float = 10.0,
+        record_requests: bool = False,
     ) -> None:
         if configs is not None:
             if config is not None or (n is not None and n != len(configs)):
@@ -67,6 +70,7 @@ class SimPool:
         self._start_timeout = start_timeout_s
         self._stop_timeout = stop_timeout_s
         self._call_timeout = call_timeout_s
+        self._record_requests = record_requests
         self._replicas: list[SimReplica] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,6 +149,16 @@ class SimPool:
         self._check_started()
         return [r.kv_events_replay_endpoint for r in self._replicas]
 
+    def requests(self, index: int) -> list[RecordedRequest]:
+        """The inference requests replica ``index`` received so far, in order (a copy). Only with
+        ``record_requests=True``: otherwise a RuntimeError, so a test never reads "nothing received" from
+        a pool that was not recording."""
+        self._check_started()
+        recorded = self._replicas[index].requests
+        if recorded is None:
+            raise RuntimeError("this pool does not record requests: SimPool(..., record_requests=True)")
+        return list(recorded)
+
     def replica(self, index: int) -> SimReplica:
         """The replica object itself (its engine and metrics live on the pool's thread: read only)."""
         self._check_started()
@@ -217,7 +231,7 @@ class SimPool:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         replicas = [
-            SimReplica(dataclasses.replace(c, name=name), name=name)
+            SimReplica(dataclasses.replace(c, name=name), name=name, record_requests=self._record_requests)
             for c, name in zip(self._configs, self._names, strict=True)
         ]
         results = await asyncio.gather(*(r.start() for r in replicas), return_exceptions=True)

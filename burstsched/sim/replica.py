@@ -3,7 +3,8 @@
 All of it lives on one event loop. :meth:`SimReplica.start` binds a real socket on the configured
 host and port (0: a free port) and serves; :meth:`SimReplica.stop` shuts down gracefully (bounded);
 :meth:`SimReplica.kill` drops it abruptly, like SIGKILL: the listening socket closes (new
-connections are refused) and every open connection is reset, streams included.
+connections are refused) and every open connection is reset, streams included. With
+``record_requests=True`` (tests only) :attr:`SimReplica.requests` keeps the inference requests received.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from burstsched.sim.engine import Engine, EngineLimits
 from burstsched.sim.faults import Faults, FaultState
 from burstsched.sim.kv_events import KVEventPublisher
 from burstsched.sim.metrics import SimMetrics
-from burstsched.sim.server import SimState, build_app
+from burstsched.sim.recording import RecordedRequest
+from burstsched.sim.server import Client, SimState, build_app
 from burstsched.sim.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,14 @@ class SimStartError(RuntimeError):
 class SimReplica:
     """A simulated vLLM replica on the running event loop."""
 
-    def __init__(self, config: SimConfig, *, name: str | None = None, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        name: str | None = None,
+        clock: Clock | None = None,
+        record_requests: bool = False,
+    ) -> None:
         self.config = config
         self.name = name or config.name or "sim"
         self.clock = clock or RealClock()
@@ -49,6 +58,8 @@ class SimReplica:
         self.engine: Engine | None = None
         self.port: int | None = None
         self.killed = False
+        self.requests: list[RecordedRequest] | None = [] if record_requests else None
+        """The inference requests received, in order, when recording (tests only); else None."""
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._engine_task: asyncio.Task[None] | None = None
@@ -122,6 +133,8 @@ class SimReplica:
             vocab=self.tokenizer.output_vocabulary(),
             rng=random.Random(f"requests:{cfg.seed}"),
             created=int(time.time()),
+            drop_connection=self._drop_connection,
+            recorded=self.requests,
         )
         self._engine_task = asyncio.create_task(self.engine.run(), name=f"{self.name}-engine")
         server_config = uvicorn.Config(
@@ -149,6 +162,18 @@ class SimReplica:
 
     def set_faults(self, faults: Faults) -> None:
         self.faults.set(faults)
+
+    def _drop_connection(self, client: Client | None) -> None:
+        """Close the connection from ``client`` at once, unsent data dropped (as :meth:`kill` does to all)."""
+        server = self._server
+        if server is None or client is None:
+            return
+        peer = tuple(client)
+        for connection in list(server.server_state.connections):
+            if getattr(connection, "client", None) == peer:
+                transport = getattr(connection, "transport", None)
+                if transport is not None:
+                    transport.abort()
 
     async def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
         if self.engine is None or self.killed:

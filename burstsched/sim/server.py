@@ -5,7 +5,7 @@ Endpoints: ``/v1/chat/completions``, ``/v1/completions`` (SSE streaming or not),
 while running requests hold blocks, unless ``?reset_running_requests=true``), ``/version``, and
 ``/sim/faults`` (GET, POST). Errors are vLLM's error bodies (:mod:`burstsched.sim.errors`); bad input is a
 4xx, never a 500. A client that disconnects aborts its request, which frees its blocks and leaves the
-running set.
+running set. Tests may have the inference requests recorded (:mod:`burstsched.sim.recording`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import anyio
 import xxhash
@@ -57,11 +57,14 @@ from burstsched.sim.openai_shapes import (
     usage,
     usage_chunk,
 )
+from burstsched.sim.recording import RecordedRequest
 from burstsched.sim.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+Client = tuple[str, int]
+"""A connection's peer address, as ASGI's ``scope["client"]`` gives it."""
 # Query flags parse as pydantic parses a bool (vLLM declares them `bool = Query(default=False)`).
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
@@ -82,6 +85,11 @@ class SimState:
     vocab: list[tuple[int, str]]
     rng: random.Random
     created: int
+    drop_connection: Callable[[Client | None], None] = field(default=lambda client: None)
+    """Close the connection from this peer abruptly (the replica owns the server and its connections);
+    None, an unknown peer (an in-process transport), is left alone."""
+    recorded: list[RecordedRequest] | None = None
+    """Where inference requests are recorded as they arrive; None: not recorded."""
 
 
 class SeededTokens:
@@ -215,10 +223,14 @@ class _Handlers:
 
     async def _inference(self, request: Request, kind: Kind) -> Response:
         arrival = self.s.clock.now()
+        if self.s.recorded is not None:
+            self.s.recorded.append(RecordedRequest(request.method, request.url.path, dict(request.headers)))
         header_id = request.headers.get("x-request-id")
         request_id = header_id or uuid.uuid4().hex
         headers = {"X-Request-Id": request_id}
         faults = self.s.faults.current
+        cut_after = faults.disconnect_after_events
+        client: Client | None = request.scope.get("client")
         if faults.stall_before_first_byte_s > 0:
             await anyio.sleep(faults.stall_before_first_byte_s)
         status = self.s.faults.roll_error()
@@ -231,6 +243,9 @@ class _Handlers:
         except TemplateError as exc:
             return error_response(400, str(exc), headers=headers)
         except ClientDisconnect:
+            return Response(status_code=499)
+        if cut_after is not None and not prepared.sampling.stream:
+            self.s.drop_connection(client)  # before the response head: nothing below reaches the client
             return Response(status_code=499)
         # The modelled front-end cost includes the parsing and tokenizing just done for real.
         frontend = self.s.config.cost.frontend_s(len(prepared.prompt_ids)) * self.s.config.time_scale
@@ -247,6 +262,8 @@ class _Handlers:
         response_id = prefix + (header_id or req.request_id)
         if prepared.sampling.stream:
             stream = self._stream(req, prepared, response_id)
+            if cut_after is not None:
+                stream = self._cut(stream, cut_after, client, req)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         return await self._complete(request, req, prepared, response_id, headers)
 
@@ -345,6 +362,25 @@ class _Handlers:
                 yield sse(usage_chunk(rid, created, model, obj, self._usage(req, p.kind, "final_chunk")))
             yield SSE_DONE
         finally:
+            if req.status is not Status.FINISHED:
+                self.s.engine.abort(req.request_id)
+
+    async def _cut(
+        self, events: AsyncIterator[bytes], after: int, client: Client | None, req: EngineRequest
+    ) -> AsyncIterator[bytes]:
+        """``events`` until ``after`` of them went out, then the connection closes abruptly (the
+        ``disconnect_after_events`` fault); the request leaves the engine as an abort."""
+        try:
+            for _ in range(after):
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    return
+                yield event
+            self.s.drop_connection(client)
+        finally:
+            if isinstance(events, AsyncGenerator):
+                await events.aclose()
             if req.status is not Status.FINISHED:
                 self.s.engine.abort(req.request_id)
 
