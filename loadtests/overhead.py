@@ -1,407 +1,368 @@
-"""Router overhead: tiny non-streaming requests through burstsched vs straight to one replica.
+"""Router overhead: tiny requests through each router vs straight to a backend, all targets in one run.
 
-    python loadtests/overhead.py [--duration 10] [--clients 1,32] [--replicas 2] [--sim process|thread]
-                                 [--slice 1] [--config config/prefix-aware.yaml] [--json PATH]
+    python loadtests/overhead.py [--duration 10] [--clients 1,32] [--backends 2]
+        [--config config/default.yaml]
+        [--peers sglang:cache_aware,vllm-router:round_robin] [--baseline-ref GIT_REF] [--no-trace]
+        [--api chat|completions] [--stream] [--slice 1] [--warmup 1]
+        [--json PATH] [--report loadtests/reports/overhead.md]
 
-Zero-delay simulated replicas (``time_scale`` 0) answer ``max_tokens: 1`` chat requests; closed-loop clients
-(1, then 32) send them for a fixed time (``--duration`` seconds per target and level) straight to replica 0
-and through ``burstsched serve`` (a separate process on a free port, in front of all replicas, stopped by
-PID). The two targets alternate in short slices, so load from elsewhere on the machine falls on both alike.
-It prints requests/s, p50/p99 latency, CPU time per request of the router, the replicas and this client,
-and the ratios (workloads.md §4). Compare ratios within one run, never absolute figures across runs.
+Backends: ``--backends`` fake vLLM replicas (loadtests/fast_backend.py: uvloop, prebuilt answers, one process
+each), far faster than any router, so a router's cost is not hidden behind a slow backend; the ``direct``
+target (straight to backend 0) is their own rate through this load generator.
 
-The clients speak minimal HTTP/1.1 over keep-alive connections (no HTTP library), so that the load generator
-costs as little CPU as possible next to what it measures. By default each replica is its own process
-(``burstsched sim --time-scale 0``); ``--sim thread`` runs them in this process instead (``SimPool``).
+Targets, each its own process over all backends, stopped by PID at the end (also on Ctrl-C):
+``burstsched`` (``burstsched serve --config``, tracing off); ``burstsched+trace`` (every request traced,
+OTLP/HTTP to ``python -m burstsched.telemetry.receiver``); with ``--baseline-ref``, ``before`` and
+``before+trace``, the same from a temporary ``git worktree`` of that ref (this venv's interpreter,
+``PYTHONPATH`` = the worktree and its ``plugins/``); and the ``--peers`` from their cached venvs
+(loadtests/peers; skipped with the reason when a venv is absent: ``python -m loadtests.peers`` builds them).
+
+Load: per concurrency level, closed-loop clients over keep-alive raw sockets (loadtests/http_load.py; fresh
+connections each slice). After a warm-up per target, the targets take turns in slices of ``--slice`` seconds
+(the order rotating each round) until each has had ``--duration`` seconds, so that noise from elsewhere on
+the machine falls on all alike. Compare targets within one run, never absolute figures across runs.
+
+Per target and level: requests/s (and as a share of direct), p50/p99 latency, added p50/p99 vs direct, the
+router's CPU per request (user + system time of its whole process group from /proc, over its own slices; its
+idle work, like scraping the backends, included), the cores it kept busy, and the backends' and this load
+generator's CPU per request. A table on stdout, a markdown report (``--report``), JSON with ``--json``.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import asyncio
 import json
 import os
-import resource
+import platform
 import signal
-import socket
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from typing import Any
+
+from loadtests.http_load import Connection, closed_loop, post_request
+from loadtests.overhead_report import Row, Tally, format_table, markdown_report, summarize
+from loadtests.overhead_targets import (
+    REPO,
+    Backend,
+    Probe,
+    Receiver,
+    StartError,
+    Target,
+    burstsched_router,
+    check_tree,
+    fast_backends,
+    git_worktree,
+    host_port,
+    peer,
+    received_spans,
+    trace_receiver,
+    traced_env,
+    tree_config,
+    untraced_env,
+)
+from loadtests.proc_cpu import group_cpu_seconds, self_cpu_seconds
 
 MODEL = "kv-demo"
-BODY = json.dumps(
-    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
-).encode()
+DEFAULT_PEERS = "sglang:cache_aware,vllm-router:round_robin"
+DEFAULT_REPORT = Path("loadtests") / "reports" / "overhead.md"
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-@dataclass(frozen=True)
-class RunResult:
-    target: str
-    clients: int
-    requests: int
-    errors: int
-    seconds: float
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    router_cpu_ms: float | None = None
-    """The router's CPU time per request (burstsched runs only)."""
-    replicas_cpu_ms: float | None = None
-    """All replicas' CPU time per request (replica processes only)."""
-    client_cpu_ms: float | None = None
-    """This load generator's CPU time per request."""
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measured run (default 10)")
-    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each run")
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per target and level")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per target and level")
+    parser.add_argument("--slice", type=float, default=1.0, help="targets take turns in slices this long (s)")
+    parser.add_argument("--clients", default="1,32", help="comma-separated concurrency levels (default 1,32)")
     parser.add_argument(
-        "--slice", type=float, default=1.0, help="direct and routed runs alternate in slices this long (s)"
+        "--backends", type=int, default=2, help="fast backends behind the routers (default 2)"
     )
-    parser.add_argument("--clients", default="1,32", help="comma-separated concurrency levels")
-    parser.add_argument("--replicas", type=int, default=2, help="replicas behind the router (default 2)")
-    parser.add_argument("--sim", choices=("process", "thread"), default="process")
-    parser.add_argument("--config", type=Path, default=Path("config") / "prefix-aware.yaml")
+    parser.add_argument("--model", default=MODEL, help="the backends' model name")
+    parser.add_argument(
+        "--config", type=Path, default=Path("config") / "default.yaml", help="burstsched config"
+    )
+    parser.add_argument("--api", choices=tuple(PATHS), default="chat", help="the endpoint the clients call")
+    parser.add_argument("--stream", action="store_true", help='requests say "stream": true (SSE answers)')
+    parser.add_argument("--no-trace", dest="trace", action="store_false", help="skip the traced targets")
+    parser.add_argument(
+        "--peers",
+        default=DEFAULT_PEERS,
+        help=f"peer routers KIND:POLICY, comma-separated, or none ({DEFAULT_PEERS})",
+    )
+    parser.add_argument(
+        "--baseline-ref",
+        metavar="GIT_REF",
+        help="also run burstsched from this git ref, as the 'before' target",
+    )
+    parser.add_argument("--request-timeout", type=float, default=10.0, help="seconds before a request fails")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    return parser.parse_args()
+    parser.add_argument(
+        "--report", type=Path, default=DEFAULT_REPORT, help="markdown report (default %(default)s)"
+    )
+    return parser.parse_args(argv)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def request_body(model: str, api: str, stream: bool) -> bytes:
+    body: dict[str, Any] = {"model": model, "max_tokens": 1, "temperature": 0}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
 
 
-# --- a minimal keep-alive HTTP/1.1 client --------------------------------------------------------------
-
-
-class HttpConnection:
-    """One keep-alive connection sending the same POST again and again."""
-
-    def __init__(self, host: str, port: int, path: str) -> None:
-        self._host, self._port = host, port
-        self._request = (
-            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(BODY)}\r\n\r\n"
-        ).encode() + BODY
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-
-    async def request(self) -> int:
-        """Send the request, read the whole response; return its status."""
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
-        assert self._reader is not None
-        self._writer.write(self._request)
-        head = await self._reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        headers = {
-            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)
-        }
-        if "content-length" in headers:
-            await self._reader.readexactly(int(headers["content-length"]))
-        elif headers.get("transfer-encoding") == "chunked":
-            while True:
-                size = int((await self._reader.readuntil(b"\r\n")).strip(), 16)
-                await self._reader.readexactly(size + 2)
-                if size == 0:
-                    break
-        else:
-            raise RuntimeError(f"response without a length: {head!r}")
-        if headers.get("connection") == "close":
-            await self.close()
-        return status
-
-    async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            try:
-                await self._writer.wait_closed()
-            except OSError:
-                pass
-        self._reader = self._writer = None
-
-
-async def closed_loop(connections: list[HttpConnection], seconds: float) -> tuple[list[float], int, float]:
-    """Each connection sends requests back to back for ``seconds``: latencies, errors, elapsed time."""
-    latencies: list[float] = []
-    errors = 0
-    deadline = time.perf_counter() + seconds
-
-    async def one_client(connection: HttpConnection) -> None:
-        nonlocal errors
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            try:
-                status = await connection.request()
-            except (OSError, asyncio.IncompleteReadError, ValueError):
-                errors += 1
-                await connection.close()
-                continue
-            if status == 200:
-                latencies.append(time.perf_counter() - started)
-            else:
-                errors += 1
-
-    started = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(*(one_client(c) for c in connections)), timeout=seconds + 30)
-    return latencies, errors, time.perf_counter() - started
-
-
-def connections_to(url: str, path: str, count: int) -> list[HttpConnection]:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return [HttpConnection(host, int(port), path) for _ in range(count)]
-
-
-# --- processes -----------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process, from /proc (None where there is none)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_http_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s} s")
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGINT the process by PID, then SIGKILL after a bounded wait."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def child(args: list[str], ready_url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_http_ok(ready_url, proc)
-        yield proc
-    except BaseException:
-        sys.stderr.write(log.read_text(errors="replace")[-3000:])
-        raise
-    finally:
-        stop_process(proc)
-
-
-@asynccontextmanager
-async def replicas(count: int, mode: str, logdir: Path) -> AsyncIterator[list[tuple[str, str, int | None]]]:
-    """``count`` zero-delay simulated replicas: (name, url, pid or None) each."""
-    if mode == "thread":
-        from burstsched.sim import SimConfig, SimPool
-
-        async with SimPool(count, SimConfig(time_scale=0.0)) as pool:
-            yield [(name, url, None) for name, url in zip(pool.names, pool.urls, strict=True)]
-        return
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        endpoints: list[tuple[str, str, int | None]] = []
-        for i in range(count):
-            port = free_port()
-            args = [sys.executable, "-m", "burstsched", "sim", "--port", str(port), "--time-scale", "0"]
-            args += ["--name", f"sim-{i}", "--log-level", "warning"]
-            url = f"http://127.0.0.1:{port}"
-            proc = stack.enter_context(child(args, f"{url}/health", logdir / f"sim-{i}.log"))
-            endpoints.append((f"sim-{i}", url, proc.pid))
-        yield endpoints
-
-
-@contextmanager
-def router(
-    config: Path, endpoints: list[tuple[str, str, int | None]], logdir: Path
-) -> Iterator[tuple[str, int]]:
-    """``burstsched serve`` in its own process: (url, pid)."""
-    port = free_port()
-    args = [sys.executable, "-m", "burstsched", "serve", "--config", str(config), "--port", str(port)]
-    for name, url, _ in endpoints:
-        args += ["--endpoint", f"{name}={url}"]
-    url = f"http://127.0.0.1:{port}"
-    with child(args, f"{url}/ready", logdir / "router.log") as proc:
-        yield url, proc.pid
-
-
-# --- the measurement -----------------------------------------------------------------------------------
-
-
-class CpuMeter:
-    """CPU seconds of the router, the replica processes and this process, between two readings."""
-
-    def __init__(self, router_pid: int, replica_pids: list[int | None]) -> None:
-        self._router = router_pid
-        self._replicas = replica_pids
-
-    def read(self) -> tuple[float | None, float | None, float]:
-        router = cpu_seconds(self._router)
-        replica_times = [cpu_seconds(pid) if pid is not None else None for pid in self._replicas]
-        replicas = None if any(t is None for t in replica_times) else sum(t or 0.0 for t in replica_times)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return router, replicas, usage.ru_utime + usage.ru_stime
+# --- measurement ---------------------------------------------------------------------------------------
 
 
 @dataclass
-class Tally:
-    """One target's measurements, summed over its time slices."""
+class Run:
+    """The live processes and what every slice needs."""
 
-    latencies: list[float] = field(default_factory=list)
-    errors: int = 0
-    seconds: float = 0.0
-    cpu: list[float | None] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    targets: list[Target]
+    backends: list[Backend]
+    receiver: Receiver | None
+    probe: Probe
+    request_timeout_s: float
+    sent: dict[str, int] = field(default_factory=dict)
+    """Requests sent to each target, warm-ups included (spans are compared with the traced ones' sum)."""
 
-    def add(
-        self,
-        run: tuple[list[float], int, float],
-        before: tuple[float | None, float | None, float],
-        after: tuple[float | None, float | None, float],
+    def pgids(self) -> list[int]:
+        groups = [b.pgid for b in self.backends] + [g for t in self.targets for g in t.pgids]
+        return groups + ([self.receiver.pgid] if self.receiver is not None else [])
+
+    async def slice(
+        self, target: Target, clients: int, seconds: float, tallies: dict[str, Tally] | None
     ) -> None:
-        self.latencies += run[0]
-        self.errors += run[1]
-        self.seconds += run[2]
-        for i in range(3):
-            total, a, b = self.cpu[i], before[i], after[i]
-            self.cpu[i] = None if total is None or a is None or b is None else total + (b - a)
+        """Load ``target`` for ``seconds``; add what it measured to ``tallies`` (None: a warm-up). The other
+        routers' CPU meanwhile is their idle cost (scraping the backends, health checks)."""
+        host, port = host_port(target.url)
+        request = post_request(host, port, self.probe.path, self.probe.body)
+        connections = [Connection(host, port, request) for _ in range(clients)]
+        try:
+            # a connection that cannot open now retries in the loop, where its failures count as errors
+            await asyncio.wait_for(
+                asyncio.gather(*(c.open() for c in connections), return_exceptions=True), 10.0
+            )
+            pgids = self.pgids()
+            before, client_before = group_cpu_seconds(pgids), self_cpu_seconds()
+            result = await closed_loop(connections, seconds, request_timeout_s=self.request_timeout_s)
+            after, client_after = group_cpu_seconds(pgids), self_cpu_seconds()
+        finally:
+            for connection in connections:
+                connection.close()
+        self.sent[target.name] = self.sent.get(target.name, 0) + len(result.latencies) + result.errors
+        if tallies is None:
+            return
+        tally = tallies[target.name]
+        tally.load.add(result)
+        tally.router_cpu += sum(after[g] - before[g] for g in target.pgids)
+        tally.backends_cpu += sum(after[b.pgid] - before[b.pgid] for b in self.backends)
+        tally.client_cpu += client_after - client_before
+        if self.receiver is not None:
+            tally.receiver_cpu += after[self.receiver.pgid] - before[self.receiver.pgid]
+        for other in self.targets:
+            if other is not target and other.is_router:
+                tallies[other.name].idle_cpu += sum(after[g] - before[g] for g in other.pgids)
+                tallies[other.name].idle_seconds += result.seconds
 
 
-def summarize(target: str, clients: int, tally: Tally) -> RunResult:
-    latencies = sorted(tally.latencies)
-    n = len(latencies)
-    p50 = statistics.median(latencies) if latencies else float("nan")
-    p99 = latencies[min(n - 1, int(0.99 * n))] if latencies else float("nan")
+async def measure(
+    run: Run, levels: list[int], args: argparse.Namespace, progress: Callable[[str], None]
+) -> list[Row]:
+    rows: list[Row] = []
+    slices = max(1, round(args.duration / args.slice))
+    slice_s = args.duration / slices
+    for clients in levels:
+        tallies = {t.name: Tally() for t in run.targets}
+        for target in run.targets:
+            progress(f"{clients} conn: warm-up {target.name}")
+            await run.slice(target, clients, args.warmup, None)
+        for i in range(slices):
+            k = i % len(run.targets)
+            for target in run.targets[k:] + run.targets[:k]:
+                progress(f"{clients} conn: slice {i + 1}/{slices} {target.name}")
+                await run.slice(target, clients, slice_s, tallies)
+        level_rows = summarize(clients, [(t, tallies[t.name]) for t in run.targets])
+        progress("")
+        print(format_table(level_rows, header=not rows), flush=True)
+        rows += level_rows
+    return rows
 
-    def per_request(cpu: float | None) -> float | None:
-        return None if cpu is None or n == 0 else cpu / n * 1e3
 
-    return RunResult(
-        target=target,
-        clients=clients,
-        requests=n,
-        errors=tally.errors,
-        seconds=tally.seconds,
-        rps=n / tally.seconds,
-        p50_ms=p50 * 1e3,
-        p99_ms=p99 * 1e3,
-        router_cpu_ms=per_request(tally.cpu[0]) if target == "burstsched" else None,
-        replicas_cpu_ms=per_request(tally.cpu[1]),
-        client_cpu_ms=per_request(tally.cpu[2]),
+def _progress() -> Callable[[str], None]:
+    if not sys.stderr.isatty():
+        return lambda _: None
+    started = time.monotonic()
+
+    def show(text: str) -> None:
+        line = f"[{time.monotonic() - started:5.0f} s] {text}" if text else ""
+        sys.stderr.write(f"\r{line:<78}\r" if not text else f"\r{line:<78}")
+        sys.stderr.flush()
+
+    return show
+
+
+# --- the run -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    setup: dict[str, Any]
+    rows: list[Row]
+    skipped: list[tuple[str, str]]
+    spans: int | None = None
+    traced_requests: int = 0
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False, timeout=30
     )
+    return done.stdout.strip()
 
 
-async def measure(args: argparse.Namespace) -> list[RunResult]:
-    """Per concurrency level, direct and routed runs alternate in short slices, so that load from elsewhere
-    on the machine falls on both alike."""
-    levels = [int(c) for c in args.clients.split(",")]
-    results: list[RunResult] = []
-    path = "/v1/chat/completions"
+async def _start(
+    stack: AsyncExitStack,
+    name: str,
+    starting: AbstractAsyncContextManager[Target],
+    targets: list[Target],
+    skipped: list[tuple[str, str]],
+) -> None:
+    """Enter a target's context; on failure, note why and go on without it."""
+    from loadtests.peers import PeerUnavailable
+
+    try:
+        targets.append(await stack.enter_async_context(starting))
+    except (StartError, PeerUnavailable) as exc:
+        skipped.append((name, str(exc)))
+        print(f"skipping {name}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+
+
+async def benchmark(args: argparse.Namespace) -> Outcome:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    if task is not None:  # also when started with SIGINT ignored (a background job of a script)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+    levels = [int(c) for c in str(args.clients).split(",") if c.strip()]
+    peers = [p.strip() for p in str(args.peers).split(",") if p.strip() and p.strip() != "none"]
+    config = (args.config if args.config.is_absolute() else REPO / args.config).resolve()
+    probe = Probe(PATHS[args.api], request_body(args.model, args.api, args.stream))
+    setup: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg_start": os.getloadavg(),
+        "backends": args.backends,
+        "config": str(args.config),
+        "levels": levels,
+        "duration_s": args.duration,
+        "slice_s": args.slice,
+        "warmup_s": args.warmup,
+        "request": f"POST {probe.path} {probe.body.decode()}",
+    }
+    skipped: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="burstsched-overhead-") as tmp:
         logdir = Path(tmp)
-        async with replicas(args.replicas, args.sim, logdir) as endpoints:
-            with router(args.config, endpoints, logdir) as (router_url, router_pid):
-                meter = CpuMeter(router_pid, [pid for _, _, pid in endpoints])
-                urls = {"direct": endpoints[0][1], "burstsched": router_url}
-                slices = max(1, round(args.duration / args.slice))
-                for clients in levels:
-                    connections = {t: connections_to(url, path, clients) for t, url in urls.items()}
-                    tallies = {t: Tally() for t in urls}
-                    try:
-                        for target in urls:
-                            await closed_loop(connections[target], args.warmup)
-                        for i in range(slices):
-                            order = list(urls) if i % 2 == 0 else list(reversed(urls))
-                            for target in order:
-                                before = meter.read()
-                                run = await closed_loop(connections[target], args.duration / slices)
-                                tallies[target].add(run, before, meter.read())
-                    finally:
-                        for conns in connections.values():
-                            for connection in conns:
-                                await connection.close()
-                    for target in urls:
-                        result = summarize(target, clients, tallies[target])
-                        results.append(result)
-                        print(_row(result), flush=True)
-    return results
+        receiver: Receiver | None = None
+        async with AsyncExitStack() as stack:
+            backends = await stack.enter_async_context(fast_backends(args.backends, args.model, logdir))
+            targets = [Target("direct", backends[0].url)]
+            if args.trace:
+                receiver = await stack.enter_async_context(trace_receiver(logdir))
+            routers: list[tuple[str, Path, Path | None]] = [("burstsched", config, None)]
+            if args.baseline_ref:
+                try:
+                    tree, sha = stack.enter_context(git_worktree(args.baseline_ref))
+                except StartError as exc:
+                    skipped.append(("before", str(exc)))
+                else:
+                    setup["baseline"] = f"{args.baseline_ref} ({sha[:10]})"
+                    problems = check_tree(tree, untraced_env())
+                    if problems:
+                        skipped.append(("before", "; ".join(problems)))
+                    else:
+                        routers.append(("before", tree_config(tree, args.config), tree))
+            for name, router_config, tree_path in routers:
+                variants = [(name, False)] + ([(f"{name}+trace", True)] if receiver is not None else [])
+                for label, traced in variants:
+                    env = traced_env(receiver, label) if traced and receiver is not None else untraced_env()
+                    starting = burstsched_router(
+                        label, router_config, backends, logdir, probe, env=env, tree=tree_path, traced=traced
+                    )
+                    await _start(stack, label, starting, targets, skipped)
+            for spec in peers:
+                await _start(stack, spec, peer(spec, backends, probe), targets, skipped)
+            run = Run(targets, backends, receiver, probe, args.request_timeout)
+            print(
+                f"targets: {', '.join(t.name for t in targets)}; about "
+                f"{len(levels) * len(targets) * (args.duration + args.warmup):.0f} s of load",
+                file=sys.stderr,
+                flush=True,
+            )
+            rows = await measure(run, levels, args, _progress())
+        # every process is stopped here; the receiver printed what it got
+        setup["loadavg_end"] = os.getloadavg()
+        spans = received_spans(receiver.log) if receiver is not None else None
+        traced_requests = sum(run.sent.get(t.name, 0) for t in targets if t.traced)
+    return Outcome(setup, rows, skipped, spans, traced_requests)
 
 
-def _ms(value: float | None) -> str:
-    return f"{value:>7.3f}" if value is not None else "      -"
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import uvloop
 
-
-def _row(r: RunResult) -> str:
-    return (
-        f"{r.target:>10} {r.clients:>7} {r.requests:>9} {r.errors:>6} {r.rps:>9.0f} "
-        f"{r.p50_ms:>8.3f} {r.p99_ms:>8.3f} "
-        f"{_ms(r.router_cpu_ms)} {_ms(r.replicas_cpu_ms)} {_ms(r.client_cpu_ms)}"
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    print(
+        f"router overhead: {args.backends} fast backend(s), config {args.config}, {args.duration:g} s per "
+        f"target and level, {os.cpu_count()} CPUs",
+        flush=True,
     )
-
-
-def report(results: list[RunResult]) -> list[dict[str, float | int]]:
-    print("\nratios (burstsched vs direct, same run):")
-    ratios = []
-    for clients in sorted({r.clients for r in results}):
-        direct = next(r for r in results if r.clients == clients and r.target == "direct")
-        routed = next(r for r in results if r.clients == clients and r.target == "burstsched")
-        entry: dict[str, float | int] = {
-            "clients": clients,
-            "rps_ratio": routed.rps / direct.rps,
-            "added_p50_ms": routed.p50_ms - direct.p50_ms,
-            "added_p99_ms": routed.p99_ms - direct.p99_ms,
-        }
-        ratios.append(entry)
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        try:
+            outcome = runner.run(benchmark(args))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            print("\ninterrupted: every process it started is stopped", file=sys.stderr)
+            return 130
+    for name, reason in outcome.skipped:
+        print(f"skipped {name}: {reason.splitlines()[0] if reason else ''}")
+    if outcome.spans is not None:
         print(
-            f"  {clients:>3} clients: requests/s ratio {entry['rps_ratio']:.3f}, "
-            f"added p50 {entry['added_p50_ms']:.3f} ms, added p99 {entry['added_p99_ms']:.3f} ms"
+            f"trace receiver: {outcome.spans} spans for {outcome.traced_requests} requests to traced targets"
         )
-    return ratios
-
-
-def main() -> int:
-    args = parse_args()
-    print(
-        f"router overhead: {args.replicas} zero-delay replica(s) ({args.sim}), config {args.config}, "
-        f"{args.duration:g} s per run, cpu count {os.cpu_count()}"
+    report_path = args.report if args.report.is_absolute() else REPO / args.report
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(
+        markdown_report(outcome.setup, outcome.rows, outcome.skipped, outcome.spans, outcome.traced_requests)
     )
-    print(
-        f"{'target':>10} {'clients':>7} {'requests':>9} {'errors':>6} {'req/s':>9} "
-        f"{'p50 ms':>8} {'p99 ms':>8} "
-        "  CPU ms/request: router replicas client"
-    )
-    results = asyncio.run(measure(args))
-    ratios = report(results)
+    print(f"report: {report_path}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"runs": [asdict(r) for r in results], "ratios": ratios}, indent=2))
-    return 0
+        payload = {
+            "setup": outcome.setup,
+            "rows": [asdict(r) for r in outcome.rows],
+            "skipped": [{"target": n, "reason": r} for n, r in outcome.skipped],
+            "spans_received": outcome.spans,
+            "traced_requests": outcome.traced_requests,
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    return 1 if any(r.errors for r in outcome.rows) else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from loadtests.peers.routers import (
     PeerRouter,
     PeerUnavailable,
     peer_router,
+    peer_router_process,
     peer_target,
     workers_ready,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "PeerVenvError",
     "ensure_venv",
     "peer_router",
+    "peer_router_process",
     "peer_target",
     "peers_root",
     "venv_dir",

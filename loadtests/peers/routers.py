@@ -138,6 +138,15 @@ async def peer_router(
     peer: PeerRouter, policy: str, endpoints: Endpoints, *, ready_timeout_s: float = 60.0
 ) -> AsyncIterator[str]:
     """Start ``peer`` with ``policy`` in front of the endpoints; yield its base URL; stop it by PID."""
+    async with peer_router_process(peer, policy, endpoints, ready_timeout_s=ready_timeout_s) as (url, _):
+        yield url
+
+
+@asynccontextmanager
+async def peer_router_process(
+    peer: PeerRouter, policy: str, endpoints: Endpoints, *, ready_timeout_s: float = 60.0
+) -> AsyncIterator[tuple[str, int]]:
+    """:func:`peer_router`, yielding (base URL, PID); the PID leads the router's own process group."""
     if not venv_ready(peer.package):
         raise PeerUnavailable(f"{peer.package.requirement} is not installed (loadtests/peers: prepare)")
     port, prometheus_port = free_ports(2)
@@ -149,7 +158,7 @@ async def peer_router(
         if not await _wait_ready(process, base_url, worker_urls, ready_timeout_s):
             state = f"exited with {process.returncode}" if process.poll() is not None else "not ready in time"
             raise PeerUnavailable(f"{peer.kind} {policy} {state}; log tail:\n{_tail(log)}")
-        yield base_url
+        yield base_url, process.pid
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(stop_process, process)
