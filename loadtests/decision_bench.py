@@ -29,6 +29,7 @@ import httpx
 
 from burstsched.admission import Admission
 from burstsched.config import EndpointConfig, RouterConfig, TokenizerConfig, parse_config_text
+from burstsched.dispatch import HttpxUpstream, getter
 from burstsched.framework import (
     ApiKind,
     BlockStored,
@@ -93,62 +94,62 @@ async def _bench(name: str, endpoints: int, requests: int, docs: int, doc_tokens
     config = _config(name, endpoints)
     scheduler = build_scheduler(config, PluginRegistry.discover(), PluginContext(rng=random.Random(1)))
     precise = any(isinstance(p, KVEventConsumer) for p in scheduler.profile.plugins)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(_replica_page)) as client:
-        pool = EndpointPool(config.endpoints, client, config.pool, clock=lambda: 0.0)  # never stale
-        await pool.refresh()  # health, models and one scrape of each endpoint, as at start-up
-        rng = random.Random(7)
-        documents = [_document(rng, doc_tokens) for _ in range(docs)]
-        snapshots = pool.snapshots()
-        for d, doc in enumerate(documents):
-            endpoint = snapshots[d % endpoints]
-            if precise:
-                for consumer in scheduler.profile.plugins:
-                    if isinstance(consumer, KVEventConsumer):
-                        consumer.on_kv_stream_live(endpoint.name)
-                        n = len(doc) // BLOCK
-                        event = BlockStored(
-                            tuple(range(d * 10_000, d * 10_000 + n)), None, tuple(doc[: n * BLOCK]), BLOCK
-                        )
-                        consumer.on_kv_events(endpoint.name, EventBatch(0.0, (event,), 0))
-            else:
-                scheduler.on_dispatch(_request(-d, doc, False), endpoint)
+    fetch = getter(HttpxUpstream(httpx.MockTransport(_replica_page)))
+    pool = EndpointPool(config.endpoints, config.pool, fetch, clock=lambda: 0.0)  # never stale
+    await pool.refresh()  # health, models and one scrape of each endpoint, as at start-up
+    rng = random.Random(7)
+    documents = [_document(rng, doc_tokens) for _ in range(docs)]
+    snapshots = pool.snapshots()
+    for d, doc in enumerate(documents):
+        endpoint = snapshots[d % endpoints]
         if precise:
             for consumer in scheduler.profile.plugins:
                 if isinstance(consumer, KVEventConsumer):
-                    for snap in snapshots:
-                        consumer.on_kv_stream_live(snap.name)
-
-        # schedule alone: warm requests (a cached document plus a new question)
-        timings: list[float] = []
-        for i in range(requests):
-            doc = documents[i % docs] + _document(rng, 40)
-            request = _request(i, doc, precise)
-            snaps = pool.snapshots()
-            started = time.perf_counter()
-            scheduler.schedule(request, snaps)
-            timings.append(time.perf_counter() - started)
-
-        # the admission path, warm (bypass) and cold (new documents, through the window)
-        results: dict[str, float] = {}
-        async with Admission(config.admission, scheduler, pool.snapshots) as admission:
-            for kind in ("warm", "cold"):
-                prepared = [  # built before the clock starts: only the router's work is timed
-                    _request(
-                        10**6 + i,
-                        documents[i % docs] + _document(rng, 40)
-                        if kind == "warm"
-                        else _document(rng, doc_tokens),
-                        precise,
+                    consumer.on_kv_stream_live(endpoint.name)
+                    n = len(doc) // BLOCK
+                    event = BlockStored(
+                        tuple(range(d * 10_000, d * 10_000 + n)), None, tuple(doc[: n * BLOCK]), BLOCK
                     )
-                    for i in range(requests)
-                ]
-                cpu = time.process_time()
-                wall = time.perf_counter()
-                for request in prepared:
-                    admitted = await admission.admit(request)
-                    scheduler.on_dispatch(request, admitted.decision.endpoint)
-                results[f"admission_{kind}_cpu_us"] = (time.process_time() - cpu) / requests * 1e6
-                results[f"admission_{kind}_wall_ms"] = (time.perf_counter() - wall) / requests * 1e3
+                    consumer.on_kv_events(endpoint.name, EventBatch(0.0, (event,), 0))
+        else:
+            scheduler.on_dispatch(_request(-d, doc, False), endpoint)
+    if precise:
+        for consumer in scheduler.profile.plugins:
+            if isinstance(consumer, KVEventConsumer):
+                for snap in snapshots:
+                    consumer.on_kv_stream_live(snap.name)
+
+    # schedule alone: warm requests (a cached document plus a new question)
+    timings: list[float] = []
+    for i in range(requests):
+        doc = documents[i % docs] + _document(rng, 40)
+        request = _request(i, doc, precise)
+        snaps = pool.snapshots()
+        started = time.perf_counter()
+        scheduler.schedule(request, snaps)
+        timings.append(time.perf_counter() - started)
+
+    # the admission path, warm (bypass) and cold (new documents, through the window)
+    results: dict[str, float] = {}
+    async with Admission(config.admission, scheduler, pool.snapshots) as admission:
+        for kind in ("warm", "cold"):
+            prepared = [  # built before the clock starts: only the router's work is timed
+                _request(
+                    10**6 + i,
+                    documents[i % docs] + _document(rng, 40)
+                    if kind == "warm"
+                    else _document(rng, doc_tokens),
+                    precise,
+                )
+                for i in range(requests)
+            ]
+            cpu = time.process_time()
+            wall = time.perf_counter()
+            for request in prepared:
+                admitted = await admission.admit(request)
+                scheduler.on_dispatch(request, admitted.decision.endpoint)
+            results[f"admission_{kind}_cpu_us"] = (time.process_time() - cpu) / requests * 1e6
+            results[f"admission_{kind}_wall_ms"] = (time.perf_counter() - wall) / requests * 1e3
     return {
         "config": name,
         "endpoints": endpoints,

@@ -30,6 +30,7 @@ from burstsched.config.models import (
     ShutdownConfig,
     TimeoutsConfig,
     TracingConfig,
+    UpstreamTLSConfig,
 )
 from burstsched.config.tokenizer import TokenizerConfig
 
@@ -57,6 +58,7 @@ __all__ = [
     "TimeoutsConfig",
     "TokenizerConfig",
     "TracingConfig",
+    "UpstreamTLSConfig",
     "decode_config",
     "load_config",
     "parse_config_document",

@@ -122,7 +122,12 @@ class TimeoutsConfig(StrictModel):
     read_ms: float = Field(
         default=300_000.0, gt=0, description="Longest wait for the next bytes of a replica's response."
     )
-    write_ms: float = Field(default=30_000.0, gt=0, description="Sending the request body.")
+    write_ms: float = Field(
+        default=30_000.0,
+        gt=0,
+        description="Sending the request body, through an httpx transport; the router's own upstream client "
+        "sends it while read_ms runs for the response head, which bounds a replica that stops reading.",
+    )
     pool_ms: float = Field(default=10_000.0, gt=0, description="Waiting for a free upstream connection.")
     first_byte_ms: float | None = Field(
         default=30_000.0,
@@ -148,6 +153,19 @@ class CircuitConfig(StrictModel):
     max_open_ms: float = Field(default=30_000.0, gt=0, description="Longest wait of an open circuit.")
 
 
+class UpstreamTLSConfig(StrictModel):
+    """How the router checks the certificates of https:// replicas."""
+
+    ca_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="PEM file of the CA certificates to trust instead of the system's (e.g. a private CA).",
+    )
+    verify: bool = Field(
+        default=True, description="false: accept any certificate, self-signed ones included (testing only)."
+    )
+
+
 class DispatchConfig(StrictModel):
     """Upstream proxying."""
 
@@ -160,8 +178,19 @@ class DispatchConfig(StrictModel):
     )
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     circuit: CircuitConfig = Field(default_factory=CircuitConfig)
-    max_connections: int = Field(default=1024, ge=1, description="Upstream connections open at once, in all.")
-    max_keepalive_connections: int = Field(default=256, ge=0, description="Idle upstream connections kept.")
+    max_connections: int = Field(
+        default=1024,
+        ge=1,
+        description="Upstream requests in flight at once, in all (each holds a connection; more wait, up to "
+        "timeouts.pool_ms).",
+    )
+    max_keepalive_connections: int = Field(
+        default=256,
+        ge=0,
+        description="0 closes every upstream connection after its response; any other value keeps idle "
+        "connections for reuse, each for up to 3 s (below the replicas' own keep-alive limit), however many.",
+    )
+    tls: UpstreamTLSConfig = Field(default_factory=UpstreamTLSConfig)
 
 
 class LimitsConfig(StrictModel):

@@ -1,5 +1,6 @@
 """Upstream proxying: headers, failover, streaming pass-through."""
 
+from burstsched.dispatch.client import UpstreamClient, tls_context
 from burstsched.dispatch.headers import (
     ATTEMPTS_HEADER,
     ENDPOINT_HEADER,
@@ -7,8 +8,7 @@ from burstsched.dispatch.headers import (
     upstream_request_headers,
 )
 from burstsched.dispatch.proxy import DONE_EVENT, Dispatcher
-from burstsched.dispatch.transport import LeanResponse, LeanTransport, Timeouts
-from burstsched.dispatch.upstream import HttpxUpstream, Upstream, UpstreamResponse, getter, upstream_for
+from burstsched.dispatch.upstream import HttpxUpstream, Timeouts, Upstream, UpstreamResponse, getter, poster
 
 __all__ = [
     "ATTEMPTS_HEADER",
@@ -16,13 +16,13 @@ __all__ = [
     "ENDPOINT_HEADER",
     "Dispatcher",
     "HttpxUpstream",
-    "LeanResponse",
-    "LeanTransport",
     "Timeouts",
     "Upstream",
+    "UpstreamClient",
     "UpstreamResponse",
     "client_response_headers",
     "getter",
-    "upstream_for",
+    "poster",
+    "tls_context",
     "upstream_request_headers",
 ]

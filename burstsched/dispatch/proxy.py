@@ -52,6 +52,7 @@ class ParsedRequest(Protocol):
     @property
     def stream(self) -> bool: ...
 
+
 DispatchHookFn = Callable[[SchedRequest, EndpointSnapshot], None]
 
 

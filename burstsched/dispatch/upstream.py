@@ -1,19 +1,23 @@
-"""The dispatcher's view of upstream I/O: send one request, get status, headers and a body stream.
+"""The router's view of upstream I/O: send one request, get status, headers and a body stream.
 
-:class:`LeanTransport` implements it natively (no httpx objects on the hot path); any other httpx
-transport, e.g. ``httpx.MockTransport`` in tests, is adapted by :class:`HttpxUpstream`. Errors are httpx's
-``TransportError`` family either way.
+:class:`~burstsched.dispatch.client.UpstreamClient` implements it over aiohttp (the production client);
+any httpx transport, e.g. ``httpx.MockTransport`` in tests, is adapted by :class:`HttpxUpstream`. Errors
+are httpx's ``TransportError`` family either way. :func:`getter` and :func:`poster` are the simple
+exchanges the pool (health, models, scrapes) and the remote tokenizer make over the same upstream.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import httpx
 
-from burstsched.dispatch.transport import LeanTransport, Timeouts
+Timeouts = Mapping[str, float | None]
+"""httpx's timeout dictionary: ``connect``, ``read``, ``write``, ``pool`` in seconds (None: no limit)."""
+
+_JSON = [(b"content-type", b"application/json")]
 
 
 class UpstreamResponse(Protocol):
@@ -71,25 +75,40 @@ class HttpxUpstream:
 
 
 def getter(upstream: Upstream) -> Callable[[str, float], Awaitable[tuple[int, bytes]]]:
-    """``get(url, timeout_s) -> (status, body)`` over ``upstream``, for the pool's scrapes."""
+    """``get(url, timeout_s) -> (status, body)`` over ``upstream``, for the pool's checks and scrapes."""
 
     async def get(url: str, timeout_s: float) -> tuple[int, bytes]:
-        timeouts = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
-        try:
-            async with asyncio.timeout(timeout_s):
-                response = await upstream.request("GET", url, [], b"", timeouts)
-                try:
-                    return response.status, b"".join([chunk async for chunk in response.iter_body()])
-                finally:
-                    await response.aclose()
-        except TimeoutError:
-            raise httpx.ReadTimeout(f"GET {url} took longer than {timeout_s} s") from None
+        return await _exchange(upstream, "GET", url, [], b"", timeout_s)
 
     return get
 
 
-def upstream_for(transport: httpx.AsyncBaseTransport) -> Upstream:
-    """The transport itself when it is a :class:`LeanTransport`, else an adapter around it."""
-    if isinstance(transport, LeanTransport):
-        return transport
-    return HttpxUpstream(transport)
+def poster(upstream: Upstream) -> Callable[[str, bytes, float], Awaitable[tuple[int, bytes]]]:
+    """``post(url, json_body, timeout_s) -> (status, body)`` over ``upstream``, for the remote tokenizer."""
+
+    async def post(url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        return await _exchange(upstream, "POST", url, _JSON, body, timeout_s)
+
+    return post
+
+
+async def _exchange(
+    upstream: Upstream,
+    method: str,
+    url: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    timeout_s: float,
+) -> tuple[int, bytes]:
+    """One whole exchange within ``timeout_s``; raises httpx's transport errors (``ReadTimeout`` when the
+    time is up)."""
+    timeouts = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await upstream.request(method, url, headers, body, timeouts)
+            try:
+                return response.status, b"".join([chunk async for chunk in response.iter_body()])
+            finally:
+                await response.aclose()
+    except TimeoutError:
+        raise httpx.ReadTimeout(f"{method} {url} took longer than {timeout_s} s") from None

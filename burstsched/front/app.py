@@ -280,7 +280,7 @@ def _upstream_client(config: RouterConfig) -> UpstreamClient:
     return UpstreamClient(
         max_connections=dispatch.max_connections,
         keepalive=dispatch.max_keepalive_connections > 0,
-        tls=tls_context(),
+        tls=tls_context(ca_file=dispatch.tls.ca_file, verify=dispatch.tls.verify),
     )
 
 

@@ -12,6 +12,7 @@ told its name (the router drops its prefix-index entries: a replica that comes b
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,7 +30,8 @@ from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMet
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[str, float], Awaitable[tuple[int, bytes]]]
-"""``fetch(url, timeout_s) -> (status, body)``: a GET for scrapes; raises httpx's transport errors."""
+"""``fetch(url, timeout_s) -> (status, body)``: a GET within ``timeout_s``, for checks and scrapes; raises
+httpx's transport errors (``ConnectError``: refused)."""
 
 FAILURES_BEFORE_UNHEALTHY = CircuitSettings().failure_threshold
 """Consecutive failed dispatches (timeouts, 5xx) that open an endpoint's circuit, by default."""
@@ -59,17 +61,17 @@ class UnknownEndpointError(KeyError):
 
 
 class EndpointPool:
-    """The replicas behind the router, as :class:`EndpointSnapshot` on demand."""
+    """The replicas behind the router, as :class:`EndpointSnapshot` on demand; ``fetch`` reads their
+    ``/health``, ``/v1/models`` and ``/metrics``."""
 
     def __init__(
         self,
         endpoints: Sequence[EndpointConfig],
-        client: httpx.AsyncClient,
         config: PoolConfig,
+        fetch: Fetch,
         *,
         clock: Callable[[], float],
         models: Sequence[str] = (),
-        fetch: Fetch | None = None,
         circuit: CircuitSettings | None = None,
         on_down: Callable[[str], None] | None = None,
     ) -> None:
@@ -79,8 +81,7 @@ class EndpointPool:
             for e in endpoints
         }
         self._on_down = on_down
-        self._client = client
-        self._fetch = fetch if fetch is not None else self._client_fetch
+        self._fetch = fetch
         self._config = config
         self._clock = clock
         self._configured_models = tuple(models)
@@ -287,18 +288,14 @@ class EndpointPool:
         state.last_scrape = self._clock()
         _learn_prefill_rate(state, metrics)
 
-    async def _client_fetch(self, url: str, timeout_s: float) -> tuple[int, bytes]:
-        response = await self._client.get(url, timeout=timeout_s)
-        return response.status_code, response.content
-
     async def check_health(self, name: str) -> None:
         """``GET /health`` (and ``/v1/models`` when healthy) for ``name``."""
         state = self._state(name)
         timeout = self._config.health_check_timeout_ms / 1000.0
         refused = False
         try:
-            response = await self._client.get(f"{state.url}/health", timeout=timeout)
-            healthy = response.status_code == 200
+            status, _ = await self._fetch(f"{state.url}/health", timeout)
+            healthy = status == 200
         except httpx.ConnectError:
             healthy, refused = False, True
         except httpx.HTTPError:
@@ -320,9 +317,10 @@ class EndpointPool:
 
     async def _fetch_models(self, url: str, *, timeout_s: float) -> tuple[dict[str, Any], ...] | None:
         try:
-            response = await self._client.get(f"{url}/v1/models", timeout=timeout_s)
-            response.raise_for_status()
-            data = response.json().get("data")
+            status, body = await self._fetch(f"{url}/v1/models", timeout_s)
+            if status // 100 != 2:
+                return None
+            data = json.loads(body).get("data")
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
         if not isinstance(data, list):

@@ -10,7 +10,8 @@ prompt string and ``add_special_tokens``. Token-id prompts are not sent: they ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -23,22 +24,26 @@ from burstsched.tokenization.prompt_request import ChatPrompt, Prompt, parse_pro
 
 DEFAULT_TIMEOUT_S = 2.0
 
+Post = Callable[[str, bytes, float], Awaitable[tuple[int, bytes]]]
+"""``post(url, json_body, timeout_s) -> (status, body)``: one JSON POST within ``timeout_s``; raises httpx's
+transport errors (the router's upstream client, through ``burstsched.dispatch.poster``)."""
+
 
 class RemotePromptTokenizer:
-    """A :class:`PromptTokenizer` asking ``POST {base_url()}/tokenize`` through the injected ``client``."""
+    """A :class:`PromptTokenizer` asking ``POST {base_url()}/tokenize`` through the injected ``post``."""
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        post: Post,
         base_url: Callable[[], str | None],
         *,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         """``base_url`` names the replica to ask now (e.g. a healthy one), or None when there is none."""
-        self._client = client
+        self._post = post
         self._base_url = base_url
-        self._timeout = httpx.Timeout(timeout_s)
+        self._timeout_s = timeout_s
         self.cache = PromptCache(cache_entries)
 
     async def prompt_token_ids(self, api: ApiKind, payload: Mapping[str, Any]) -> tuple[int, ...]:
@@ -57,13 +62,13 @@ class RemotePromptTokenizer:
             raise TokenizationError("no replica to ask for /tokenize")
         url = base.rstrip("/") + "/tokenize"
         try:
-            response = await self._client.post(url, json=body, timeout=self._timeout)
+            status, answer = await self._post(url, json.dumps(body).encode(), self._timeout_s)
         except httpx.HTTPError as exc:
             raise TokenizationError(f"POST {url} failed: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise TokenizationError(f"POST {url} answered {response.status_code}: {_error_message(response)}")
+        if status != 200:
+            raise TokenizationError(f"POST {url} answered {status}: {_error_message(answer)}")
         try:
-            tokens = response.json()["tokens"]
+            tokens = json.loads(answer)["tokens"]
         except (ValueError, KeyError, TypeError) as exc:
             raise TokenizationError(f"POST {url} answered without a tokens list") from exc
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
@@ -93,11 +98,11 @@ def tokenize_body(prompt: Prompt, model: str | None) -> dict[str, Any]:
     return body
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(answer: bytes) -> str:
     try:
-        error = response.json().get("error")
+        error = json.loads(answer).get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])
     except (ValueError, AttributeError):
         pass
-    return response.text[:200]
+    return answer[:200].decode("utf-8", errors="replace")

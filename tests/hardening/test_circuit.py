@@ -7,6 +7,7 @@ import pytest
 from burstsched_plugins.prefix_index import PrefixIndex
 
 from burstsched.config import EndpointConfig, PoolConfig
+from burstsched.dispatch import HttpxUpstream, getter
 from burstsched.pool import CircuitBreaker, CircuitSettings, CircuitState, EndpointPool
 
 
@@ -97,41 +98,41 @@ async def test_pool_hides_an_open_circuit_from_scheduling_and_reports_endpoints_
     clock = Clock()
     down: list[str] = []
     endpoints = [EndpointConfig(url="http://a:1", name="a"), EndpointConfig(url="http://b:1", name="b")]
-    async with httpx.AsyncClient(transport=httpx.MockTransport(_handler)) as client:
-        pool = EndpointPool(
-            endpoints,
-            client,
-            PoolConfig(),
-            clock=clock,
-            circuit=CircuitSettings(failure_threshold=2, open_s=5.0, max_open_s=5.0),
-            on_down=down.append,
-        )
-        await pool.refresh()
-        assert [s.healthy for s in pool.snapshots()] == [True, True]
-        pool.report_failure("a", unreachable=False)
-        pool.report_failure("a", unreachable=False)
-        assert pool.circuit_state("a") is CircuitState.OPEN
-        assert [s.healthy for s in pool.snapshots()] == [False, True]
-        assert pool.healthy_count() == 2  # reachable, just kept out of scheduling
-        assert pool.begin_attempt("a") is None
-        assert down == []  # an open circuit is not a vanished endpoint
-        clock.now += 5.0
-        claimed = pool.begin_attempt("a")
-        assert claimed is CircuitState.HALF_OPEN
-        assert not pool.snapshot("a").healthy  # the probe is out
-        pool.end_attempt("a", claimed)
-        assert pool.snapshot("a").healthy
+    fetch = getter(HttpxUpstream(httpx.MockTransport(_handler)))
+    pool = EndpointPool(
+        endpoints,
+        PoolConfig(),
+        fetch,
+        clock=clock,
+        circuit=CircuitSettings(failure_threshold=2, open_s=5.0, max_open_s=5.0),
+        on_down=down.append,
+    )
+    await pool.refresh()
+    assert [s.healthy for s in pool.snapshots()] == [True, True]
+    pool.report_failure("a", unreachable=False)
+    pool.report_failure("a", unreachable=False)
+    assert pool.circuit_state("a") is CircuitState.OPEN
+    assert [s.healthy for s in pool.snapshots()] == [False, True]
+    assert pool.healthy_count() == 2  # reachable, just kept out of scheduling
+    assert pool.begin_attempt("a") is None
+    assert down == []  # an open circuit is not a vanished endpoint
+    clock.now += 5.0
+    claimed = pool.begin_attempt("a")
+    assert claimed is CircuitState.HALF_OPEN
+    assert not pool.snapshot("a").healthy  # the probe is out
+    pool.end_attempt("a", claimed)
+    assert pool.snapshot("a").healthy
 
-        pool.report_failure("b", unreachable=True)  # a refused connection
-        assert down == ["b"] and not pool.snapshot("b").healthy
-        pool.report_failure("b", unreachable=True)
-        assert down == ["b"]  # told once per disappearance
-        await pool.check_health("b")
-        assert not pool.snapshot("b").healthy  # reachable again, but its circuit (2 failures) is open
-        clock.now += 5.0
-        assert pool.snapshot("b").healthy
-        pool.report_failure("a", unreachable=False)  # a is half-open: a failure reopens it at once
-        assert pool.circuit_state("a") is CircuitState.OPEN
+    pool.report_failure("b", unreachable=True)  # a refused connection
+    assert down == ["b"] and not pool.snapshot("b").healthy
+    pool.report_failure("b", unreachable=True)
+    assert down == ["b"]  # told once per disappearance
+    await pool.check_health("b")
+    assert not pool.snapshot("b").healthy  # reachable again, but its circuit (2 failures) is open
+    clock.now += 5.0
+    assert pool.snapshot("b").healthy
+    pool.report_failure("a", unreachable=False)  # a is half-open: a failure reopens it at once
+    assert pool.circuit_state("a") is CircuitState.OPEN
 
 
 def test_prefix_index_forgets_an_endpoint() -> None:

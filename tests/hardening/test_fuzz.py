@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from burstsched.config import AdmissionConfig, AuthConfig, LimitsConfig
+from burstsched.dispatch import HttpxUpstream
 from burstsched.front.app import create_app
 
 from .helpers import config_for, eventually
@@ -71,7 +72,7 @@ async def router() -> AsyncIterator[Router]:
         admission=AdmissionConfig(window_ms=1),
         limits=LimitsConfig(max_body_bytes=65_536),
     )
-    app = create_app(config, transport=httpx.MockTransport(_replica))
+    app = create_app(config, upstream=HttpxUpstream(httpx.MockTransport(_replica)))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://router", timeout=10) as client:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from burstsched.dispatch import UpstreamClient, poster
 from burstsched.framework import ApiKind
 from burstsched.testing.backends import SERVED_MODEL_NAME, vllm_config
 from burstsched.testing.vllm_replica import VllmPool
@@ -597,6 +598,13 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
+@pytest.fixture
+async def upstream() -> AsyncIterator[UpstreamClient]:
+    """The router's own upstream client, for the remote tokenizer."""
+    async with UpstreamClient(trust_env=False) as client:
+        yield client
+
+
 def _tokenize_body(case: Case) -> dict[str, Any]:
     """The /tokenize body made of the request's own fields (independent of the router's mapping)."""
     body: dict[str, Any] = {"model": SERVED_MODEL_NAME}
@@ -718,9 +726,12 @@ def _diff(ours: tuple[int, ...] | str | None, theirs: list[int]) -> str:
 
 
 async def test_router_token_ids_equal_vllm(
-    replica_url: str, local_tokenizers: dict[str, LocalPromptTokenizer], client: httpx.AsyncClient
+    replica_url: str,
+    local_tokenizers: dict[str, LocalPromptTokenizer],
+    client: httpx.AsyncClient,
+    upstream: UpstreamClient,
 ) -> None:
-    remote = RemotePromptTokenizer(client, lambda: replica_url, timeout_s=60.0)
+    remote = RemotePromptTokenizer(poster(upstream), lambda: replica_url, timeout_s=60.0)
     outcome = Outcome()
     cases = default_template_cases() + other_template_cases()
     for case in cases:
@@ -743,11 +754,11 @@ async def test_router_token_ids_equal_vllm(
 
 
 async def test_cost_per_call_local_vs_remote(
-    replica_url: str, local_tokenizers: dict[str, LocalPromptTokenizer], client: httpx.AsyncClient
+    replica_url: str, local_tokenizers: dict[str, LocalPromptTokenizer], upstream: UpstreamClient
 ) -> None:
     """Uncached cost of one prompt, local (render + encode) against remote (a /tokenize round trip)."""
     local = local_tokenizers["default"]
-    remote = RemotePromptTokenizer(client, lambda: replica_url, cache_entries=0, timeout_s=60.0)
+    remote = RemotePromptTokenizer(poster(upstream), lambda: replica_url, cache_entries=0, timeout_s=60.0)
     report = []
     for label, lines in (("short", 1), ("~5000 tokens", 83)):
         payload = {"messages": [_user(_long(lines, 7))]}

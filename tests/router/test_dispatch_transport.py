@@ -1,4 +1,4 @@
-"""The dispatcher through the app's one upstream seam: an injected httpx transport replaces the network."""
+"""The dispatcher through the app's upstream seam: an injected upstream (an httpx mock) is the network."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import anyio
 import httpx
 import pytest
 
+from burstsched.dispatch import HttpxUpstream
 from burstsched.server.serve import running_router
 
 from .helpers import router_config
@@ -50,8 +51,9 @@ class Upstream:
 async def test_transport_errors_fail_over_to_the_next_best(failure: str) -> None:
     upstream = Upstream(failure)
     config = router_config([("r1", "http://r1:8000"), ("r2", "http://r2:8000")])
+    mock = HttpxUpstream(httpx.MockTransport(upstream))
     async with (
-        running_router(config, transport=httpx.MockTransport(upstream), rng=random.Random(0)) as router,
+        running_router(config, upstream=mock, rng=random.Random(0)) as router,
         httpx.AsyncClient(base_url=router.url, timeout=10) as client,
     ):
         with anyio.fail_after(10):
@@ -69,7 +71,7 @@ async def test_attempts_are_bounded() -> None:
     upstream = Upstream("connect")
     config = router_config([("r1", "http://r1:8000")])
     async with (
-        running_router(config, transport=httpx.MockTransport(upstream)) as router,
+        running_router(config, upstream=HttpxUpstream(httpx.MockTransport(upstream))) as router,
         httpx.AsyncClient(base_url=router.url, timeout=10) as client,
     ):
         response = await client.post("/v1/completions", json={"model": "m", "prompt": "hi"})

@@ -4,6 +4,7 @@ import httpx
 import pytest
 
 from burstsched.config import EndpointConfig, PoolConfig
+from burstsched.dispatch import HttpxUpstream, getter
 from burstsched.pool import EndpointPool, MetricsFormatError, MetricsParser, parse_vllm_metrics
 
 VLLM_PAGE = """\
@@ -81,67 +82,65 @@ class _Replica:
 async def test_pool_scrapes_marks_stale_and_degrades_without_halting() -> None:
     replica, clock = _Replica(), _Clock()
     config = PoolConfig(staleness_threshold_ms=200)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(replica)) as client:
-        pool = EndpointPool([EndpointConfig(url="http://r1:8000", name="r1")], client, config, clock=clock)
-        assert pool.snapshots()[0].healthy is False
-        await pool.refresh()
-        snap = pool.snapshot("r1")
-        assert snap.healthy and not snap.stale
-        assert (snap.waiting, snap.kv_usage, snap.block_size, snap.num_gpu_blocks) == (7, 0.5, 128, 80)
-        assert pool.model_ids() == ["tiny"] and pool.knows_model("tiny") and not pool.knows_model("other")
+    fetch = getter(HttpxUpstream(httpx.MockTransport(replica)))
+    pool = EndpointPool([EndpointConfig(url="http://r1:8000", name="r1")], config, fetch, clock=clock)
+    assert pool.snapshots()[0].healthy is False
+    await pool.refresh()
+    snap = pool.snapshot("r1")
+    assert snap.healthy and not snap.stale
+    assert (snap.waiting, snap.kv_usage, snap.block_size, snap.num_gpu_blocks) == (7, 0.5, 128, 80)
+    assert pool.model_ids() == ["tiny"] and pool.knows_model("tiny") and not pool.knows_model("other")
 
-        replica.metrics_status = 500
-        clock.now += 0.5
-        await pool.scrape("r1")
-        snap = pool.snapshot("r1")
-        assert snap.healthy and snap.stale and snap.metrics_age == pytest.approx(0.5)
+    replica.metrics_status = 500
+    clock.now += 0.5
+    await pool.scrape("r1")
+    snap = pool.snapshot("r1")
+    assert snap.healthy and snap.stale and snap.metrics_age == pytest.approx(0.5)
 
-        pool.acquire("r1")
-        pool.acquire("r1")
-        pool.release("r1")
-        assert pool.snapshot("r1").in_flight == 1
+    pool.acquire("r1")
+    pool.acquire("r1")
+    pool.release("r1")
+    assert pool.snapshot("r1").in_flight == 1
 
-        replica.refuse = True
-        await pool.scrape("r1")
-        assert not pool.snapshot("r1").healthy
-        assert pool.healthy_count() == 0
+    replica.refuse = True
+    await pool.scrape("r1")
+    assert not pool.snapshot("r1").healthy
+    assert pool.healthy_count() == 0
 
-        replica.refuse = False
-        replica.metrics_status = 200
-        await pool.refresh()
-        assert pool.snapshot("r1").healthy and not pool.snapshot("r1").stale
+    replica.refuse = False
+    replica.metrics_status = 200
+    await pool.refresh()
+    assert pool.snapshot("r1").healthy and not pool.snapshot("r1").stale
 
 
 @pytest.mark.anyio
 async def test_repeated_dispatch_failures_mark_unhealthy_until_the_next_check() -> None:
     replica, clock = _Replica(), _Clock()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(replica)) as client:
-        pool = EndpointPool(
-            [EndpointConfig(url="http://r1:8000", name="r1")], client, PoolConfig(), clock=clock
-        )
-        await pool.refresh()
-        pool.report_failure("r1", unreachable=False)
-        pool.report_failure("r1", unreachable=False)
-        assert pool.snapshot("r1").healthy
-        pool.report_failure("r1", unreachable=False)
-        assert not pool.snapshot("r1").healthy
-        clock.now += 1.0  # the circuit's wait (a passing health check does not close it)
-        await pool.check_health("r1")
-        assert pool.snapshot("r1").healthy
-        pool.report_failure("r1", unreachable=True)  # a refused connection counts at once
-        assert not pool.snapshot("r1").healthy
+    fetch = getter(HttpxUpstream(httpx.MockTransport(replica)))
+    pool = EndpointPool([EndpointConfig(url="http://r1:8000", name="r1")], PoolConfig(), fetch, clock=clock)
+    await pool.refresh()
+    pool.report_failure("r1", unreachable=False)
+    pool.report_failure("r1", unreachable=False)
+    assert pool.snapshot("r1").healthy
+    pool.report_failure("r1", unreachable=False)
+    assert not pool.snapshot("r1").healthy
+    clock.now += 1.0  # the circuit's wait (a passing health check does not close it)
+    await pool.check_health("r1")
+    assert pool.snapshot("r1").healthy
+    pool.report_failure("r1", unreachable=True)  # a refused connection counts at once
+    assert not pool.snapshot("r1").healthy
 
 
 @pytest.mark.anyio
 async def test_configured_models_override_the_replicas() -> None:
-    async with httpx.AsyncClient(transport=httpx.MockTransport(_Replica())) as client:
-        pool = EndpointPool(
-            [EndpointConfig(url="http://r1:8000")], client, PoolConfig(), clock=_Clock(), models=["alias"]
-        )
-        await pool.refresh()
-        assert pool.model_ids() == ["alias"]
-        assert pool.knows_model("alias") and not pool.knows_model("tiny")
-        assert pool.names == ["r1:8000"]
+    fetch = getter(HttpxUpstream(httpx.MockTransport(_Replica())))
+    pool = EndpointPool(
+        [EndpointConfig(url="http://r1:8000")], PoolConfig(), fetch, clock=_Clock(), models=["alias"]
+    )
+    await pool.refresh()
+    assert pool.model_ids() == ["alias"]
+    assert pool.knows_model("alias") and not pool.knows_model("tiny")
+    assert pool.names == ["r1:8000"]
 
 
 def test_parser_reuses_an_unchanged_cache_config_and_rereads_a_changed_one() -> None:

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from burstsched.config import EndpointConfig, PoolConfig
+from burstsched.dispatch import HttpxUpstream, getter
 from burstsched.pool import EndpointPool
 
 pytestmark = pytest.mark.anyio
@@ -33,41 +34,37 @@ class Pages:
 
 
 async def test_queued_prefill_counts_until_the_first_token_or_the_end() -> None:
-    async with httpx.AsyncClient(transport=httpx.MockTransport(Pages())) as client:
-        pool = EndpointPool(
-            [EndpointConfig(url="http://a:1", name="a")], client, PoolConfig(), clock=lambda: 0.0
-        )
-        pool.acquire("a", 3000)
-        pool.acquire("a", 500)
-        assert pool.snapshot("a").queued_prefill_tokens == 3500 and pool.snapshot("a").in_flight == 2
-        pool.prefill_done("a", 3000)
-        pool.release("a", 0)
-        assert pool.snapshot("a").queued_prefill_tokens == 500 and pool.snapshot("a").in_flight == 1
-        pool.release("a", 500)  # ended (failed, or non-streamed) before any first token was seen
-        assert pool.snapshot("a").queued_prefill_tokens == 0 and pool.snapshot("a").in_flight == 0
+    fetch = getter(HttpxUpstream(httpx.MockTransport(Pages())))
+    pool = EndpointPool([EndpointConfig(url="http://a:1", name="a")], PoolConfig(), fetch, clock=lambda: 0.0)
+    pool.acquire("a", 3000)
+    pool.acquire("a", 500)
+    assert pool.snapshot("a").queued_prefill_tokens == 3500 and pool.snapshot("a").in_flight == 2
+    pool.prefill_done("a", 3000)
+    pool.release("a", 0)
+    assert pool.snapshot("a").queued_prefill_tokens == 500 and pool.snapshot("a").in_flight == 1
+    pool.release("a", 500)  # ended (failed, or non-streamed) before any first token was seen
+    assert pool.snapshot("a").queued_prefill_tokens == 0 and pool.snapshot("a").in_flight == 0
 
 
 async def test_the_prefill_speed_is_learned_from_the_counters_growth() -> None:
     pages = Pages()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(pages)) as client:
-        pool = EndpointPool(
-            [EndpointConfig(url="http://a:1", name="a")], client, PoolConfig(), clock=lambda: 0.0
-        )
-        await pool.scrape("a")
-        assert pool.snapshot("a").prefill_tokens_per_s is None
-        pages.tokens, pages.seconds = 4000.0, 1.0
-        await pool.scrape("a")
-        assert pool.snapshot("a").prefill_tokens_per_s == pytest.approx(4000.0)
-        pages.tokens, pages.seconds = 4100.0, 1.01  # too little prefill time to count: kept for later
-        await pool.scrape("a")
-        assert pool.snapshot("a").prefill_tokens_per_s == pytest.approx(4000.0)
-        pages.tokens, pages.seconds = 6000.0, 2.0  # 2000 tokens in 1 s since the last counted sample
-        await pool.scrape("a")
-        assert pool.snapshot("a").prefill_tokens_per_s == pytest.approx(
-            4000 + 0.3 * (2000 / 1.0 - 4000), rel=0.01
-        )
-        pages.tokens, pages.seconds = 10.0, 0.01  # the replica restarted: its counters start over
-        await pool.scrape("a")
-        pages.tokens, pages.seconds = 1010.0, 1.01
-        await pool.scrape("a")
-        assert pool.snapshot("a").prefill_tokens_per_s is not None
+    fetch = getter(HttpxUpstream(httpx.MockTransport(pages)))
+    pool = EndpointPool([EndpointConfig(url="http://a:1", name="a")], PoolConfig(), fetch, clock=lambda: 0.0)
+    await pool.scrape("a")
+    assert pool.snapshot("a").prefill_tokens_per_s is None
+    pages.tokens, pages.seconds = 4000.0, 1.0
+    await pool.scrape("a")
+    assert pool.snapshot("a").prefill_tokens_per_s == pytest.approx(4000.0)
+    pages.tokens, pages.seconds = 4100.0, 1.01  # too little prefill time to count: kept for later
+    await pool.scrape("a")
+    assert pool.snapshot("a").prefill_tokens_per_s == pytest.approx(4000.0)
+    pages.tokens, pages.seconds = 6000.0, 2.0  # 2000 tokens in 1 s since the last counted sample
+    await pool.scrape("a")
+    assert pool.snapshot("a").prefill_tokens_per_s == pytest.approx(
+        4000 + 0.3 * (2000 / 1.0 - 4000), rel=0.01
+    )
+    pages.tokens, pages.seconds = 10.0, 0.01  # the replica restarted: its counters start over
+    await pool.scrape("a")
+    pages.tokens, pages.seconds = 1010.0, 1.01
+    await pool.scrape("a")
+    assert pool.snapshot("a").prefill_tokens_per_s is not None

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
 from burstsched.config import RouterConfig, TokenizerConfig
+from burstsched.dispatch import UpstreamClient, poster
 from burstsched.tokenization import (
     LocalPromptTokenizer,
     RemotePromptTokenizer,
@@ -31,7 +31,8 @@ def test_config_defaults_and_strictness() -> None:
 
 
 async def test_build_gives_what_the_source_names(tokenizer_dir: Path) -> None:
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with UpstreamClient(trust_env=False) as upstream:
+        http = poster(upstream)
         assert build_prompt_tokenizer(TokenizerConfig(), http, lambda: None) is None
         local = build_prompt_tokenizer(
             TokenizerConfig(source="local", path=str(tokenizer_dir), cache_entries=3), http, lambda: None

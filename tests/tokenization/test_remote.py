@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from anyio.abc import SocketStream
 
+from burstsched.dispatch import UpstreamClient, poster
 from burstsched.framework import ApiKind
 from burstsched.sim import SimConfig, SimPool
 from burstsched.tokenization import (
@@ -23,6 +23,7 @@ from burstsched.tokenization import (
     parse_prompt,
     tokenize_body,
 )
+from burstsched.tokenization.remote import Post
 
 pytestmark = pytest.mark.anyio
 CHAT, COMPLETIONS = ApiKind.CHAT, ApiKind.COMPLETIONS
@@ -50,10 +51,10 @@ PAYLOADS: list[tuple[ApiKind, dict[str, Any]]] = [
 
 
 @asynccontextmanager
-async def sim_replica(tokenizer_dir: Path) -> AsyncIterator[tuple[SimPool, httpx.AsyncClient]]:
+async def sim_replica(tokenizer_dir: Path) -> AsyncIterator[tuple[SimPool, Post]]:
     config = SimConfig(time_scale=0.01, tokenizer=str(tokenizer_dir), served_model_name=MODEL)
-    async with SimPool(1, config) as pool, httpx.AsyncClient(trust_env=False) as http:
-        yield pool, http
+    async with SimPool(1, config) as pool, UpstreamClient(trust_env=False) as upstream:
+        yield pool, poster(upstream)
 
 
 @asynccontextmanager
@@ -93,7 +94,8 @@ async def test_cached_answers_need_no_replica(tokenizer_dir: Path) -> None:
     payload = {"messages": [{"role": "user", "content": "cache me"}]}
     config = SimConfig(time_scale=0.01, tokenizer=str(tokenizer_dir), served_model_name=MODEL)
     with anyio.fail_after(30):
-        async with httpx.AsyncClient(trust_env=False) as http:
+        async with UpstreamClient(trust_env=False) as upstream:
+            http = poster(upstream)
             urls: list[str] = []
             remote = RemotePromptTokenizer(http, lambda: urls[0])
             async with SimPool(1, config) as pool:
@@ -108,7 +110,8 @@ async def test_cached_answers_need_no_replica(tokenizer_dir: Path) -> None:
 
 async def test_failures_are_tokenization_errors(tokenizer_dir: Path) -> None:
     payload = {"messages": [{"role": "user", "content": "x"}]}
-    async with httpx.AsyncClient(trust_env=False) as http:
+    async with UpstreamClient(trust_env=False) as upstream:
+        http = poster(upstream)
         with pytest.raises(TokenizationError, match="no replica"):
             await RemotePromptTokenizer(http, lambda: None).prompt_token_ids(CHAT, payload)
         with anyio.fail_after(10):
