@@ -263,7 +263,7 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
     setup: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "dirty": bool(_git("status", "--porcelain", "--", "burstsched", "plugins", "config")),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "loadavg_start": os.getloadavg(),

@@ -176,7 +176,7 @@ def markdown_report(
         "rows within this run only.",
         "",
         f"- date: {setup.get('date')}; commit {setup.get('commit')}"
-        + (" (with local changes)" if setup.get("dirty") else "")
+        + (" (with uncommitted changes to burstsched/, plugins/ or config/)" if setup.get("dirty") else "")
         + (f"; before = {setup['baseline']}" if setup.get("baseline") else ""),
         f"- machine: {setup.get('cpus')} CPUs, Python {setup.get('python')}; load average at start "
         f"{_loadavg(load[0])}, at end {_loadavg(load[1])}",
