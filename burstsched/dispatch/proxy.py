@@ -91,9 +91,9 @@ class _AttemptFailed(Exception):
 class Dispatcher:
     """Sends a scheduled request upstream and writes the response to the client.
 
-    Requests go straight to the app's upstream transport (the one the app's ``httpx.AsyncClient`` also
-    uses) through :class:`Upstream`, skipping the client's cookie jar, redirects and auth: a proxy wants
-    none of them, and they cost more CPU than the rest of the request's path.
+    Requests go through the app's one :class:`Upstream` (the same client as the pool's checks and
+    scrapes). Its errors are httpx's ``TransportError`` family: a connect error or connect timeout marks
+    the endpoint unreachable; any of them moves the request to the next endpoint before its first byte.
     """
 
     def __init__(

@@ -19,7 +19,11 @@ import anyio
 import httpx
 import pytest
 
+from burstsched.config import DispatchConfig, UpstreamTLSConfig
 from burstsched.dispatch import UpstreamClient, tls_context
+from burstsched.server.serve import running_router
+
+from .helpers import eventually, router_config
 
 pytestmark = pytest.mark.anyio
 
@@ -448,6 +452,43 @@ async def test_tls_against_a_self_signed_server(self_signed: tuple[Path, Path]) 
                 with pytest.raises(httpx.ConnectError):
                     await _send(default, "POST", url, b"{}")
     assert server.connections == 2  # one per client that got through (each kept its connection)
+
+
+async def replica(writer: asyncio.StreamWriter, seen: Seen) -> bool:
+    """Just enough of a vLLM replica for the router: health, models, metrics and completions."""
+    path = seen.request_line.split(b" ")[1]
+    if path == b"/v1/models":
+        writer.write(_answer(b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'))
+    elif path == b"/metrics":
+        page = b"vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(page), page))
+    elif path == b"/v1/completions":
+        writer.write(_answer(b'{"choices": [{"text": "over tls"}]}'))
+    else:
+        writer.write(_answer(b"{}"))
+    await writer.drain()
+    return True
+
+
+async def test_the_router_reaches_a_replica_through_its_configured_ca(self_signed: tuple[Path, Path]) -> None:
+    cert, key = self_signed
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    dispatch = DispatchConfig(tls=UpstreamTLSConfig(ca_file=str(cert)))
+    with anyio.fail_after(20):
+        async with raw_server(replica, tls=server_tls) as server:
+            config = router_config([("r1", server.url)], dispatch=dispatch)
+            async with running_router(config) as router, httpx.AsyncClient(base_url=router.url) as http:
+
+                async def ready() -> bool:
+                    return (await http.get("/ready")).status_code == 200
+
+                await eventually(ready)
+                response = await http.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+                assert response.status_code == 200
+                assert response.json() == {"choices": [{"text": "over tls"}]}
+    paths = {seen.request_line.split(b" ")[1] for seen in server.requests}
+    assert {b"/health", b"/v1/models", b"/metrics", b"/v1/completions"} <= paths  # one client for all
 
 
 def _has_ipv6_loopback() -> bool:
