@@ -37,6 +37,8 @@ class Admitted:
     group_size: int
     shared_blocks: int
     waited_s: float
+    scheduled_s: float = 0.0
+    """The time the scheduler took to decide (for a windowed request: to place its whole window)."""
 
     @property
     def endpoint(self) -> EndpointSnapshot:
@@ -102,7 +104,8 @@ class Admission:
         started = self._clock.now()
         if not self._config.enabled:
             decision = self._schedule_alone(request)
-            return Admitted(decision, None, None, Role.BYPASS, 1, 0, self._clock.now() - started)
+            now = self._clock.now()
+            return Admitted(decision, None, None, Role.BYPASS, 1, 0, now - started, now - started)
         admitted = await self._window.submit(request)
         return dataclasses.replace(admitted, waited_s=self._clock.now() - started)
 
@@ -143,15 +146,18 @@ class Admission:
         return self._scheduler.schedule(request, endpoints)
 
     async def _place(self, batch: Batch[SchedRequest]) -> Mapping[str, Admitted]:
+        started = self._clock.now()
         if batch.bypass:
             ((ticket, request),) = batch.entries
             decision = self._schedule_alone(request)
-            return {ticket: Admitted(decision, batch.window_id, None, Role.BYPASS, 1, 0, 0.0)}
+            took = self._clock.now() - started
+            return {ticket: Admitted(decision, batch.window_id, None, Role.BYPASS, 1, 0, 0.0, took)}
         placed = self._placer.place(batch.entries)
-        return {ticket: _admitted(batch.window_id, p) for ticket, p in placed.items()}
+        took = self._clock.now() - started
+        return {ticket: _admitted(batch.window_id, p, took) for ticket, p in placed.items()}
 
 
-def _admitted(window_id: int, placed: Placed) -> Admitted:
+def _admitted(window_id: int, placed: Placed, scheduled_s: float) -> Admitted:
     return Admitted(
         decision=placed.decision,
         window_id=window_id,
@@ -160,4 +166,5 @@ def _admitted(window_id: int, placed: Placed) -> Admitted:
         group_size=placed.group_size,
         shared_blocks=placed.shared_blocks,
         waited_s=0.0,
+        scheduled_s=scheduled_s,
     )

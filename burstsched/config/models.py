@@ -6,7 +6,7 @@ endpoints, which a config file or the command line supplies.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -356,6 +356,12 @@ class TracingConfig(StrictModel):
         ge=0.0,
         le=1.0,
         description="Share of new traces recorded; a client's traceparent decides for the traces it starts.",
+    )
+    detail: Literal["lean", "full"] = Field(
+        default="lean",
+        description="lean: a request's admission and scheduling are attributes and one event on its SERVER "
+        "span (a window's wait keeps a span of its own), so a warm request costs two spans; full: "
+        "admission and scheduling spans for every request, with one score event per candidate.",
     )
 
 

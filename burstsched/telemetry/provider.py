@@ -55,7 +55,7 @@ class Tracing:
 
     def begin(self, scope: Scope) -> RequestTrace:
         """Start the SERVER span of one HTTP request."""
-        return RequestTrace.begin(self.tracer, self.propagator, scope)
+        return RequestTrace.begin(self.tracer, self.propagator, scope, full=self.settings.full_detail)
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, handler: Handler) -> None:
         """Run ``handler`` for one request inside its SERVER span (ended however the handler ends).

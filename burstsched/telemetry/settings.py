@@ -33,6 +33,8 @@ class TracingSettings:
     endpoint: str
     service_name: str
     sample_ratio: float | None
+    full_detail: bool = False
+    """``tracing.detail: full``: admission and scheduling as child spans of every request."""
 
 
 def resolve_tracing(config: TracingConfig, environ: Mapping[str, str]) -> TracingSettings | None:
@@ -52,7 +54,12 @@ def resolve_tracing(config: TracingConfig, environ: Mapping[str, str]) -> Tracin
     _check_protocol(environ)
     service_name = environ.get("OTEL_SERVICE_NAME", "").strip() or config.service_name
     sample_ratio = None if environ.get("OTEL_TRACES_SAMPLER", "").strip() else config.sample_ratio
-    return TracingSettings(endpoint=endpoint, service_name=service_name, sample_ratio=sample_ratio)
+    return TracingSettings(
+        endpoint=endpoint,
+        service_name=service_name,
+        sample_ratio=sample_ratio,
+        full_detail=config.detail == "full",
+    )
 
 
 def _endpoint(config: TracingConfig, environ: Mapping[str, str]) -> str | None:

@@ -4,11 +4,19 @@ These objects exist only while tracing is on (and the request is sampled); the r
 ``RequestTrace | None`` and checks it, so an untraced request builds no span objects at all. Parents are
 passed explicitly (no context variables).
 
+``tracing.detail: full``::
+
     SERVER  POST /v1/chat/completions      continues the client's traceparent; GenAI request attributes
       ├─ burstsched.admission              the request's wait in its window (window, group, role, bypass)
       ├─ burstsched.schedule               the decision: chosen endpoint, one ``score`` event per candidate
       └─ CLIENT  chat <model>              one per upstream attempt; traceparent injected; ``first_token``
                                            event; usage, response id and finish reasons from the response
+
+``tracing.detail: lean`` (the default) records the same facts with fewer objects, since every span costs the
+router CPU to build and to encode for export: the admission and scheduling attributes go on the SERVER span,
+the decision is one ``burstsched.schedule`` event there (candidates, totals and each scorer's scores as
+arrays in rank order), and an admission span is kept only for a request that waited in a window (its wait
+is worth a bar of its own). A warm request's trace is then two spans: SERVER and CLIENT.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ class AdmissionOutcome(Protocol):
     def shared_blocks(self) -> int: ...
     @property
     def waited_s(self) -> float: ...
+    @property
+    def scheduled_s(self) -> float: ...
 
 
 class UpstreamSpan:
@@ -141,11 +151,14 @@ class RequestTrace:
         "_operation",
         "_model",
         "_admission",
-        "_schedule_started",
+        "_admission_started",
+        "_full",
         "_ended",
     )
 
-    def __init__(self, tracer: Tracer, propagator: TraceContextTextMapPropagator, span: Span) -> None:
+    def __init__(
+        self, tracer: Tracer, propagator: TraceContextTextMapPropagator, span: Span, *, full: bool = False
+    ) -> None:
         self._tracer = tracer
         self._propagator = propagator
         self._span = span
@@ -153,12 +166,18 @@ class RequestTrace:
         self._operation = "chat"
         self._model = ""
         self._admission: Span | None = None
-        self._schedule_started: int | None = None
+        self._admission_started = 0
+        self._full = full
         self._ended = False
 
     @classmethod
-    def begin(cls, tracer: Tracer, propagator: TraceContextTextMapPropagator, scope: Scope) -> RequestTrace:
-        """Start the SERVER span of the HTTP request ``scope``, continuing its ``traceparent`` if any."""
+    def begin(
+        cls, tracer: Tracer, propagator: TraceContextTextMapPropagator, scope: Scope, *, full: bool = False
+    ) -> RequestTrace:
+        """Start the SERVER span of the HTTP request ``scope``, continuing its ``traceparent`` if any.
+
+        ``full``: admission and scheduling as child spans (``tracing.detail: full``), else the lean layout.
+        """
         carrier: dict[str, str] = {}
         attributes: dict[str, AttributeValue] = {}
         for name, value in scope.get("headers", ()):
@@ -185,7 +204,7 @@ class RequestTrace:
         span = tracer.start_span(
             f"{method} {path}", context=parent, kind=SpanKind.SERVER, attributes=attributes
         )
-        return cls(tracer, propagator, span)
+        return cls(tracer, propagator, span, full=full)
 
     @property
     def span(self) -> Span:
@@ -233,47 +252,39 @@ class RequestTrace:
 
     def admission_started(self) -> None:
         """The request enters admission (the window, or scheduling at once when it bypasses)."""
-        self._admission = self._tracer.start_span(attr.SPAN_ADMISSION, context=self._context)
+        if self._full:
+            self._admission = self._tracer.start_span(attr.SPAN_ADMISSION, context=self._context)
+        else:
+            self._admission_started = time.time_ns()
 
     def admitted(self, outcome: AdmissionOutcome) -> None:
-        """Admission decided: end the admission span and record the decision's scheduling span."""
+        """Admission decided: record its wait and the decision (spans or SERVER attributes, by detail)."""
         now = time.time_ns()
         bypass = str(outcome.role) == "bypass"
         values = _admission_attributes(outcome, bypass)
+        values[attr.ADMISSION_WAITED_S] = outcome.waited_s
         span = self._admission
         self._admission = None
+        if span is None and not self._full and not bypass:  # a wait in a window: worth its own span
+            span = self._tracer.start_span(
+                attr.SPAN_ADMISSION, context=self._context, start_time=self._admission_started or now
+            )
         if span is not None:
             span.set_attributes(values)
-            span.set_attribute(attr.ADMISSION_WAITED_S, outcome.waited_s)
             span.end(end_time=now)
         values[attr.SCHEDULE_PLACED_BY] = "request" if bypass else "window"
-        self._record_schedule(outcome.decision, start=now, end=now, extra=values)
+        started = max(now - int(outcome.scheduled_s * 1e9), self._admission_started)
+        if self._full:
+            self._schedule_span(outcome.decision, start=started, end=now, extra=values)
+        else:
+            self._schedule_event(outcome.decision, at=started, extra=values)
 
-    def scheduling_started(self) -> None:
-        """The request is about to be scheduled alone (no admission)."""
-        self._schedule_started = time.time_ns()
-
-    def scheduled(self, decision: Decision) -> None:
-        """The request was scheduled alone: record the scheduling span since :meth:`scheduling_started`."""
-        end = time.time_ns()
-        start = self._schedule_started if self._schedule_started is not None else end
-        self._schedule_started = None
-        self._record_schedule(decision, start=start, end=end, extra={attr.SCHEDULE_PLACED_BY: "request"})
-
-    def _record_schedule(
+    def _schedule_span(
         self, decision: Decision, *, start: int, end: int, extra: Mapping[str, AttributeValue]
     ) -> None:
         chosen = decision.ranked[0]
-        values: dict[str, AttributeValue] = {
-            attr.ENDPOINT: chosen.name,
-            attr.SCHEDULE_CANDIDATES: len(decision.ranked),
-            **extra,
-        }
-        prefix = decision.prefix
-        if prefix is not None:
-            values[attr.PREFIX_INDEX] = prefix.source
-            values[attr.PREFIX_MATCHED_BLOCKS] = prefix.matched_blocks
-            values[attr.PREFIX_TOTAL_BLOCKS] = prefix.total_blocks
+        values = _decision_attributes(decision)
+        values.update(extra)
         span = self._tracer.start_span(
             attr.SPAN_SCHEDULE, context=self._context, start_time=start, attributes=values
         )
@@ -288,6 +299,19 @@ class RequestTrace:
             span.add_event(attr.EVENT_SCORE, event, timestamp=start)
         span.end(end_time=end)
         self._span.set_attribute(attr.ENDPOINT, chosen.name)
+
+    def _schedule_event(self, decision: Decision, *, at: int, extra: Mapping[str, AttributeValue]) -> None:
+        values = _decision_attributes(decision)
+        values.update(extra)
+        self._span.set_attributes(values)
+        ranked = decision.ranked
+        event: dict[str, AttributeValue] = {
+            attr.SCHEDULE_RANKED: [s.name for s in ranked],
+            attr.SCORE_TOTAL: [s.total for s in ranked],
+        }
+        for scorer in ranked[0].scores:
+            event[attr.SCORE_PREFIX + scorer] = [s.scores.get(scorer, 0.0) for s in ranked]
+        self._span.add_event(attr.EVENT_SCHEDULE, event, timestamp=at)
 
     # --- upstream ---------------------------------------------------------------------------------------
 
@@ -316,9 +340,10 @@ class RequestTrace:
 
     def served(self, endpoint: str | None, outcome: str) -> None:
         """The request's outcome (as in ``burstsched_requests_total``) and its last endpoint."""
-        self._span.set_attribute(attr.UPSTREAM_RESULT, outcome)
-        if endpoint is not None:
-            self._span.set_attribute(attr.ENDPOINT, endpoint)
+        if endpoint is None:
+            self._span.set_attribute(attr.UPSTREAM_RESULT, outcome)
+        else:
+            self._span.set_attributes({attr.UPSTREAM_RESULT: outcome, attr.ENDPOINT: endpoint})
 
     # --- the end ----------------------------------------------------------------------------------------
 
@@ -354,4 +379,17 @@ def _admission_attributes(outcome: AdmissionOutcome, bypass: bool) -> dict[str, 
     if outcome.group_id is not None:
         values[attr.GROUP_ID] = outcome.group_id
         values[attr.GROUP_SHARED_BLOCKS] = outcome.shared_blocks
+    return values
+
+
+def _decision_attributes(decision: Decision) -> dict[str, AttributeValue]:
+    values: dict[str, AttributeValue] = {
+        attr.ENDPOINT: decision.ranked[0].name,
+        attr.SCHEDULE_CANDIDATES: len(decision.ranked),
+    }
+    prefix = decision.prefix
+    if prefix is not None:
+        values[attr.PREFIX_INDEX] = prefix.source
+        values[attr.PREFIX_MATCHED_BLOCKS] = prefix.matched_blocks
+        values[attr.PREFIX_TOTAL_BLOCKS] = prefix.total_blocks
     return values

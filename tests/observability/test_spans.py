@@ -54,14 +54,16 @@ def _decision() -> Decision:
 class _Admitted:
     """An admission outcome, shaped as ``burstsched.admission.Admitted``."""
 
-    def __init__(self, decision: Decision) -> None:
+    def __init__(self, decision: Decision, role: Role = Role.MEMBER) -> None:
         self.decision = decision
+        bypass = role is Role.BYPASS
         self.window_id = 7
-        self.group_id = "7.0"
-        self.role = Role.MEMBER
-        self.group_size = 3
-        self.shared_blocks = 12
-        self.waited_s = 0.009
+        self.group_id = None if bypass else "7.0"
+        self.role = role
+        self.group_size = 1 if bypass else 3
+        self.shared_blocks = 0 if bypass else 12
+        self.waited_s = 0.0 if bypass else 0.009
+        self.scheduled_s = 0.002
 
 
 async def _sink(message: Message) -> None:
@@ -82,7 +84,7 @@ def _one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
 async def test_a_request_trace_continues_the_client_trace_and_nests_its_children(
     receiver: ServedReceiver,
 ) -> None:
-    tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched-test", 1.0))
+    tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched-test", 1.0, full_detail=True))
     trace = tracing.begin(_scope((b"traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01".encode())))
     trace.describe(
         {"max_tokens": 8, "temperature": 0, "stream": True}, chat=True, model="kv-demo", request_id="req-1"
@@ -138,7 +140,8 @@ async def test_a_request_trace_continues_the_client_trace_and_nests_its_children
         schedule.attributes[attr.PREFIX_MATCHED_BLOCKS],
         schedule.attributes[attr.PREFIX_TOTAL_BLOCKS],
     ) == (12, 12)
-    assert admission.end_ns <= schedule.start_ns <= client.start_ns
+    assert schedule.start_ns <= admission.end_ns and schedule.end_ns <= client.start_ns
+    assert schedule.end_ns - schedule.start_ns == 2_000_000  # the scheduler's own time, from admission
     scores = {
         e.attributes[attr.ENDPOINT]: e.attributes for e in schedule.events if e.name == attr.EVENT_SCORE
     }
@@ -164,11 +167,11 @@ async def test_a_request_trace_continues_the_client_trace_and_nests_its_children
 
 @pytest.mark.anyio
 async def test_failed_attempts_and_handler_errors_are_error_spans(receiver: ServedReceiver) -> None:
-    tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched", 1.0))
+    tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched", 1.0, full_detail=True))
     trace = tracing.begin(_scope())
     trace.describe({"prompt": "x"}, chat=False, model="kv-demo", request_id="req-2")
-    trace.scheduling_started()
-    trace.scheduled(_decision())
+    trace.admission_started()
+    trace.admitted(_Admitted(_decision(), Role.BYPASS))
     first = trace.upstream("sim-0", "http://127.0.0.1:9001/v1/completions", 0)
     first.failed("connect_error", "ConnectError: refused")
     first.end()
@@ -195,7 +198,56 @@ async def test_failed_attempts_and_handler_errors_are_error_spans(receiver: Serv
     assert attempts[1].attributes[attr.GEN_AI_RESPONSE_FINISH_REASONS] == ["length"]
     assert attempts[1].event(attr.EVENT_FIRST_TOKEN) is not None
     assert _one(spans, attr.SPAN_SCHEDULE).attributes[attr.SCHEDULE_PLACED_BY] == "request"
-    assert _one(spans, attr.SPAN_ADMISSION).status == "ERROR"
+    admissions = [s for s in spans if s.name == attr.SPAN_ADMISSION]
+    assert sorted(s.status for s in admissions) == ["ERROR", "UNSET"]
+
+
+@pytest.mark.anyio
+async def test_lean_detail_keeps_a_warm_request_to_two_spans_with_the_decision_on_the_server_span(
+    receiver: ServedReceiver,
+) -> None:
+    tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched", 1.0))
+    for role in (Role.BYPASS, Role.MEMBER):
+        trace = tracing.begin(_scope())
+        trace.describe({"max_tokens": 4}, chat=True, model="kv-demo", request_id=f"req-{role}")
+        trace.admission_started()
+        trace.admitted(_Admitted(_decision(), role))
+        upstream = trace.upstream("sim-0", "http://127.0.0.1:9001/v1/chat/completions", 0)
+        upstream.response(200)
+        upstream.body(b'{"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3}}')
+        upstream.end()
+        trace.served("sim-0", "ok")
+        trace.end()
+    await _export(tracing)
+
+    spans = receiver.receiver.spans
+    by_trace: dict[str, list[ReceivedSpan]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    layouts = sorted(sorted(s.name for s in group) for group in by_trace.values())
+    assert layouts == [
+        ["POST /v1/chat/completions", attr.SPAN_ADMISSION, "chat kv-demo"],  # waited in a window
+        ["POST /v1/chat/completions", "chat kv-demo"],  # warm: admission and scheduling on the SERVER span
+    ]
+    for group in by_trace.values():
+        server = _one(group, "POST /v1/chat/completions")
+        assert server.attributes[attr.ENDPOINT] == "sim-0"
+        assert server.attributes[attr.PREFIX_INDEX] == "precise"
+        assert server.attributes[attr.SCHEDULE_CANDIDATES] == 2
+        event = server.event(attr.EVENT_SCHEDULE)
+        assert event is not None
+        assert event.attributes[attr.SCHEDULE_RANKED] == ["sim-0", "sim-1"]
+        assert event.attributes[attr.SCORE_TOTAL] == [4.0, 2.0]
+        assert event.attributes[attr.SCORE_PREFIX + "queue-scorer"] == [0.5, 1.0]
+        assert server.start_ns <= event.time_ns <= server.end_ns
+        role = server.attributes[attr.GROUP_ROLE]
+        assert server.attributes[attr.SCHEDULE_PLACED_BY] == ("request" if role == "bypass" else "window")
+        waits = [s for s in group if s.name == attr.SPAN_ADMISSION]
+        if role == "member":
+            assert waits[0].attributes[attr.GROUP_ID] == "7.0"
+            assert waits[0].parent_span_id == server.span_id
+        else:
+            assert waits == []
 
 
 @pytest.mark.anyio

@@ -31,7 +31,7 @@ def _config(pool: SimPool, receiver_url: str) -> RouterConfig:
         "pool: {scrape_interval_ms: 20, staleness_threshold_ms: 2000, health_check_interval_ms: 100}\n"
         # the window seals when the whole burst is in it (max_batch), well before window_ms
         f"admission: {{enabled: true, window_ms: 1000, max_batch: {BURST}, min_shared_blocks: 2}}\n"
-        f"tracing: {{enabled: true, endpoint: '{receiver_url}'}}\n"
+        f"tracing: {{enabled: true, endpoint: '{receiver_url}', detail: full}}\n"
     )
 
 
