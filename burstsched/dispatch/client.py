@@ -19,17 +19,17 @@ bounds a replica that stops reading too.
 Errors are httpx's ``TransportError`` family, which the dispatcher and the pool tell apart: ``ConnectError``
 (refused, unresolvable, TLS refused), ``ConnectTimeout``, ``PoolTimeout``, ``ReadTimeout``,
 ``RemoteProtocolError`` (the replica closed the connection early or sent no HTTP), ``ReadError`` (other
-socket errors).
+socket errors). One failure is retried here, once: a connection found closing before any of the request was
+written (a kept-alive connection the replica had just closed). Anything else may have reached the replica,
+so the dispatcher decides (it fails over to another endpoint).
 """
 
 from __future__ import annotations
 
-import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 import aiohttp
 import httpx
@@ -61,21 +61,14 @@ def tls_context(*, ca_file: str | None = None, verify: bool = True) -> ssl.SSLCo
 
 @dataclass(slots=True)
 class _Endpoint:
-    """One replica's session, how to reach it, and how many sockets it opened so far."""
+    """One replica's session and how to reach it."""
 
-    session: aiohttp.ClientSession | None = None
+    session: aiohttp.ClientSession
     proxy: URL | None = None
     proxy_headers: dict[str, str] | None = None
     """For a proxy's CONNECT (https)."""
     own_headers: tuple[tuple[str, str], ...] = ()
     """Sent with every request (a plain-http proxy's credentials)."""
-    opened: int = 0
-
-    def open_socket(self, addr_info: tuple[Any, ...]) -> socket.socket:
-        """aiohttp's socket factory: counts the connections opened (else sockets as aiohttp makes them)."""
-        family, kind, proto, _, _ = addr_info
-        self.opened += 1
-        return socket.socket(family=family, type=kind, proto=proto)
 
     def route_through(self, proxy: EnvProxy | None, scheme: str) -> None:
         if proxy is None:
@@ -140,7 +133,6 @@ class UpstreamClient:
             target = self._target(url)
         endpoint, parsed = target
         session = endpoint.session
-        assert session is not None
         sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
         sent.extend(endpoint.own_headers)
         data = body if body or method in _BODY_METHODS else None
@@ -148,7 +140,6 @@ class UpstreamClient:
         await self._slots.acquire(timeouts.get("pool"))
         try:
             for attempt in (0, 1):
-                opened = endpoint.opened
                 try:
                     response = await session.request(
                         method,
@@ -160,12 +151,10 @@ class UpstreamClient:
                         proxy=endpoint.proxy,
                         proxy_headers=endpoint.proxy_headers,
                     )
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                    if attempt or endpoint.opened != opened or isinstance(exc, aiohttp.ClientConnectorError):
+                except aiohttp.ClientConnectionError as exc:
+                    if attempt or not _unsent(exc):
                         raise
-                    # it went out on a kept-alive connection the replica had closed (no new socket was
-                    # opened meanwhile): once more, on another connection
-                    continue
+                    continue  # the replica had closed the connection before any of it was written
                 return _Response(response, self._slots)
         except BaseException as exc:
             self._slots.release()
@@ -178,7 +167,10 @@ class UpstreamClient:
     def _target(self, url: str) -> tuple[_Endpoint, URL]:
         if self._closed:
             raise httpx.ConnectError("the upstream client is closed")
-        parsed = URL(url)
+        try:
+            parsed = URL(url)
+        except ValueError as exc:
+            raise httpx.UnsupportedProtocol(f"not a URL: {url}: {exc}") from None
         if parsed.scheme not in ("http", "https") or not parsed.host or parsed.port is None:
             raise httpx.UnsupportedProtocol(f"not an http:// or https:// URL: {url}")
         key = (parsed.scheme, parsed.host, parsed.port)
@@ -191,21 +183,18 @@ class UpstreamClient:
         return endpoint, parsed
 
     def _endpoint(self, url: URL) -> _Endpoint:
-        endpoint = _Endpoint()
         if self._keepalive_s is None:
-            keepalive: dict[str, Any] = {"force_close": True}
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
         else:
-            keepalive = {"keepalive_timeout": self._keepalive_s}
-        connector = aiohttp.TCPConnector(
-            limit=0, ssl=self._tls, socket_factory=endpoint.open_socket, **keepalive
-        )
-        endpoint.session = aiohttp.ClientSession(
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls, keepalive_timeout=self._keepalive_s)
+        session = aiohttp.ClientSession(
             connector=connector,
             skip_auto_headers=_SKIPPED_AUTO_HEADERS,
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(),
         )
+        endpoint = _Endpoint(session)
         if self._trust_env:
             endpoint.route_through(env_proxy(url), url.scheme)
         return endpoint
@@ -223,8 +212,7 @@ class UpstreamClient:
         self._targets.clear()
         endpoints, self._endpoints = list(self._endpoints.values()), {}
         for endpoint in endpoints:
-            if endpoint.session is not None:
-                await endpoint.session.close()
+            await endpoint.session.close()
 
 
 class _Response:
@@ -263,6 +251,16 @@ class _Response:
         else:
             self._response.close()
         self._slots.release()
+
+
+def _unsent(exc: BaseException) -> bool:
+    """Whether the request failed because its connection was already closing when it was to be written: the
+    replica cannot have seen it (a kept-alive connection the replica closed as the request went out), so it
+    may go once more. A connection lost after the request was written is not retried: the replica may have
+    started on it, and the dispatcher fails over instead."""
+    return isinstance(exc, aiohttp.ClientConnectionResetError) or isinstance(
+        exc.__cause__, aiohttp.ClientConnectionResetError
+    )
 
 
 def _transport_error(exc: BaseException) -> httpx.TransportError | None:
