@@ -37,6 +37,7 @@ from burstsched.workloads.soak_probe import (
     ProcessReading,
     RuntimeReading,
     bucket_difference,
+    fd_kinds,
     histogram_quantile,
     median,
     parse_runtime,
@@ -162,6 +163,8 @@ class Baseline:
     fds: int
     tasks: float
     readings: int
+    fd_kinds: dict[str, int] = field(default_factory=dict)
+    """What the descriptors were, at the last reading (see :func:`~.soak_probe.fd_kinds`)."""
 
 
 @dataclass
@@ -179,6 +182,7 @@ class SoakResult:
     final: Sample | None = None
     settled: bool = False
     settle_s: float = 0.0
+    final_fd_kinds: dict[str, int] = field(default_factory=dict)
     lag_load: Buckets = ()
     """The lag histogram's counts over the load (and drain)."""
     router_outcomes: dict[str, float] = field(default_factory=dict)
@@ -202,9 +206,14 @@ class _Live:
 class _Router:
     """Reads the router process: /proc by PID, the runtime families from /metrics."""
 
-    def __init__(self, child: Child, client: httpx.AsyncClient) -> None:
+    def __init__(self, child: Child, client: httpx.AsyncClient, replicas: list[Child]) -> None:
         self.child = child
         self.client = client
+        self._port = _port(child.url)
+        self._peers = {_port(r.url): r.name for r in replicas}
+
+    def fd_kinds(self) -> dict[str, int]:
+        return fd_kinds(self.child.pid, self._port, self._peers)
 
     async def read(self) -> tuple[ProcessReading, RuntimeReading]:
         process = read_process(self.child.pid)
@@ -221,6 +230,10 @@ class _Router:
             if s.name == "burstsched_endpoint_healthy" and s.value == 1.0
         }
         return set(names) <= healthy
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
 
 
 def router_config_text(config: Path, max_body_bytes: int) -> str:
@@ -248,7 +261,7 @@ async def run_soak(settings: SoakSettings, work: Path, progress: Progress = prin
         progress(f"[soak] capacity {capacity_rps:.2f} req/s: load {settings.load:g} of it = {rate:.2f} req/s")
         router = router_child(config, endpoints, work)
         async with running([router]), httpx.AsyncClient(timeout=10.0) as probe_client:
-            probe = _Router(router, probe_client)
+            probe = _Router(router, probe_client, sims)
             with anyio.fail_after(60):
                 await _prime(probe, [name for name, _ in endpoints], plan)
                 baseline, first = await _baseline(probe)
@@ -303,7 +316,8 @@ async def _baseline(
         fds.append(process.fds)
         tasks.append(runtime.tasks)
     assert runtime is not None
-    return Baseline(int(median(rss) or 0), max(fds), max(tasks), readings), runtime
+    baseline = Baseline(int(median(rss) or 0), max(fds), max(tasks), readings, probe.fd_kinds())
+    return baseline, runtime
 
 
 async def _load_and_settle(
@@ -495,4 +509,5 @@ async def _settle(
             await anyio.sleep(1.0)
             process, runtime = await probe.read()
     result.settle_s = since_start() - began
+    result.final_fd_kinds = probe.fd_kinds()
     return runtime

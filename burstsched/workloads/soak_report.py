@@ -73,6 +73,12 @@ def rss_growth(result: SoakResult) -> tuple[float, float, float] | None:
     return a, b, (b - a) / a
 
 
+def fd_excess(result: SoakResult) -> dict[str, int]:
+    """Kinds of descriptors the router held more of at the end than at its baseline."""
+    base = result.baseline.fd_kinds
+    return {k: n - base.get(k, 0) for k, n in result.final_fd_kinds.items() if n > base.get(k, 0)}
+
+
 def lag_p99(result: SoakResult) -> float | None:
     return histogram_quantile(0.99, result.lag_load) if result.lag_load else None
 
@@ -121,11 +127,17 @@ def verdicts(result: SoakResult) -> list[Verdict]:
         out.append(Verdict("fds", False, "file descriptors at the end: not read"))
         out.append(Verdict("tasks", False, "asyncio tasks at the end: not read"))
     else:
+        extra = fd_excess(result)
+        kept = (
+            "; more than at the baseline: " + ", ".join(f"{k} +{n}" for k, n in extra.items())
+            if extra
+            else ""
+        )
         out.append(
             Verdict(
                 "fds",
                 final.fds <= base.fds,
-                f"file descriptors: {final.fds} at the end {settle}, baseline {base.fds}",
+                f"file descriptors: {final.fds} at the end {settle}, baseline {base.fds}{kept}",
             )
         )
         out.append(
@@ -253,6 +265,14 @@ def _process_rows(result: SoakResult) -> list[tuple[str, ...]]:
     return rows
 
 
+def _fd_rows(result: SoakResult) -> list[tuple[str, ...]]:
+    base, final = result.baseline.fd_kinds, result.final_fd_kinds
+    rows: list[tuple[str, ...]] = [("kind", "baseline", "end")]
+    for kind in sorted(set(base) | set(final)):
+        rows.append((kind, str(base.get(kind, 0)), str(final.get(kind, 0))))
+    return rows
+
+
 def markdown(result: SoakResult, plot_name: str | None) -> str:
     s = result.settings
     mix = s.mix
@@ -312,6 +332,10 @@ def markdown(result: SoakResult, plot_name: str | None) -> str:
         "",
         _table(_process_rows(result)),
         "",
+        "The router's descriptors by kind (from /proc/PID/fd and /proc/net/tcp):",
+        "",
+        _table(_fd_rows(result)),
+        "",
     ]
     if plot_name is not None:
         parts += [f"![RSS, fds, tasks and event-loop lag over the run]({plot_name})", ""]
@@ -338,7 +362,13 @@ def as_json(result: SoakResult) -> dict[str, Any]:
             {"replica": k.replica, "killed_at_s": k.killed_at_s, "restarted_at_s": k.restarted_at_s}
             for k in result.kills
         ],
-        "baseline": {"rss_bytes": base.rss_bytes, "fds": base.fds, "tasks": base.tasks},
+        "baseline": {
+            "rss_bytes": base.rss_bytes,
+            "fds": base.fds,
+            "tasks": base.tasks,
+            "fd_kinds": base.fd_kinds,
+        },
+        "final_fd_kinds": result.final_fd_kinds,
         "final": result.final.as_json() if result.final else None,
         "settled": result.settled,
         "settle_s": result.settle_s,
