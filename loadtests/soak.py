@@ -20,6 +20,11 @@ OpenAI error body, stream ended by an error event and [DONE], cancelled by the c
 stream ended by an error event, RSS growth after warm-up at most 5%, file descriptors and tasks back to
 their idle baseline after the load, every kill made; the event-loop lag p99 is reported.
 
+The router runs the given config with ``limits.max_body_bytes`` replaced (``--max-body-bytes``, 64 KiB): the
+oversize requests stay small, and a declared body larger than the socket buffers is not what this run is
+about (the router answers 413 before reading it and closes; measured with a 4 MiB limit, the client saw a
+connection reset instead of the 413 for 40 of 40 such requests).
+
 Output: a progress line every 10 s, the verdict lines at the end, and under ``--out-dir`` ``<name>.md``,
 ``<name>.json`` (every sample and every problem request) and ``<name>.png`` (RSS, fds, tasks, lag p99 over
 time). Exit status 0 when every verdict passes. Bounded: it ends by itself.
