@@ -150,9 +150,9 @@ class SimPool:
         return [r.kv_events_replay_endpoint for r in self._replicas]
 
     def requests(self, index: int) -> list[RecordedRequest]:
-        """The inference requests replica ``index`` received so far, in order (a copy). Only with
-        ``record_requests=True``: otherwise a RuntimeError, so a test never reads "nothing received" from
-        a pool that was not recording."""
+        """The inference requests replica ``index`` received so far, in order (a copy; still readable once
+        the pool stopped). Only with ``record_requests=True``: otherwise a RuntimeError, so a test never
+        reads "nothing received" from a pool that was not recording."""
         self._check_started()
         recorded = self._replicas[index].requests
         if recorded is None:

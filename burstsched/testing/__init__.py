@@ -1,7 +1,9 @@
 """Test support shipped with burstsched: real vLLM (CPU build) replicas and the tiny model they serve.
 
 The simulator lives in `burstsched.sim`; this package brings up the real thing for contract and fidelity
-checks. Fixtures for pytest are in `burstsched.testing.fixtures`.
+checks. Fixtures for pytest are in `burstsched.testing.fixtures`; the replicas the router's tests run
+against (simulated ones that record what they receive, and a fake for what no vLLM does) are in
+`burstsched.testing.replicas`.
 """
 
 from burstsched.testing.ports import free_port, free_ports

@@ -13,9 +13,9 @@ from burstsched.config import AuthConfig
 from burstsched.front.app import create_app
 from burstsched.front.auth import API_KEYS_ENV, AuthSettings
 from burstsched.server.serve import RunningRouter, running_router
+from burstsched.testing.replicas import MODEL, Replica, sim_replicas
 
 from .helpers import config_for, eventually
-from .replica import MODEL, Replica, replicas
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +24,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 @pytest.fixture
 async def reps() -> AsyncIterator[list[Replica]]:
-    async with replicas(1) as running:
+    async with sim_replicas(1) as running:
         yield running
 
 
@@ -105,7 +105,7 @@ async def test_the_admin_port_alone_serves_metrics_and_admin(reps: list[Replica]
 
 
 async def test_no_header_body_field_or_path_chooses_the_upstream(reps: list[Replica]) -> None:
-    async with replicas(1) as (trap,):
+    async with sim_replicas(1) as (trap,):
         trap_url = trap.url
         trap_host = trap_url.removeprefix("http://")
         config = config_for([(r.name, r.url) for r in reps])
@@ -146,7 +146,7 @@ async def test_no_header_body_field_or_path_chooses_the_upstream(reps: list[Repl
             assert absolute.startswith(b"HTTP/1.1 ")
             dotted = await _raw(router, "POST /v1/../../v1/chat/completions HTTP/1.1\r\n")
             assert dotted.startswith(b"HTTP/1.1 404")
-    assert trap.received == []  # the trap was never contacted
+    assert trap.requests == []  # the trap was never contacted
     assert set(reps[0].paths_seen) <= {"/v1/chat/completions", "/v1/completions"}
     assert all(seen.get("host", "").startswith("127.0.0.1:") for seen in reps[0].headers_seen)
     assert all(trap_host not in seen.get("host", "") for seen in reps[0].headers_seen)

@@ -1,5 +1,5 @@
 """Failover before the first byte, the circuit breaker, error endings after it, and per-request deadlines,
-through a real uvicorn router in front of fake replicas on 127.0.0.1."""
+through a real uvicorn router in front of simulated replicas on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import httpx
 import pytest
 
 from burstsched.config import CircuitConfig, DispatchConfig, LimitsConfig, RouterConfig, TimeoutsConfig
-from burstsched.server.serve import running_router
+from burstsched.server.serve import RunningRouter, running_router
+from burstsched.sim import Faults
+from burstsched.testing.replicas import LONG_ANSWER, MODEL, Replica, sim_replicas
+from burstsched.wire.sse import DONE, data_payloads
 
 from .helpers import config_for, eventually
-from .replica import MODEL, Replica, replicas, sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +28,7 @@ def chat(i: int, **extra: object) -> dict[str, object]:
 
 @pytest.fixture
 async def reps() -> AsyncIterator[list[Replica]]:
-    async with replicas(2) as running:
+    async with sim_replicas(2) as running:
         yield running
 
 
@@ -52,7 +54,7 @@ async def test_a_replica_stalling_before_its_first_byte_is_left_and_its_circuit_
     reps: list[Replica],
 ) -> None:
     stalled, good = reps
-    stalled.stall_head_s = 1.5
+    await stalled.set_faults(Faults(stall_before_first_byte_s=1.5))
     async with (
         running_router(make_config(reps, first_byte_ms=200)) as router,
         httpx.AsyncClient(base_url=router.url, timeout=20) as client,
@@ -62,10 +64,10 @@ async def test_a_replica_stalling_before_its_first_byte_is_left_and_its_circuit_
             response, text = await read_stream(client, chat(i))
             assert response.status_code == 200
             assert response.headers["x-burstsched-endpoint"] == good.name
-            assert sse_events(text)[-1] == "[DONE]" and "error" not in text
+            assert data_payloads(text)[-1] == DONE and "error" not in text
             attempts.append(int(response.headers["x-burstsched-attempts"]))
         # three requests tried the stalled replica first and moved on; then its circuit kept it out
-        assert len(stalled.received) == 3
+        assert len(stalled.requests) == 3
         assert attempts.count(2) == 3 and attempts.count(1) == 9
         assert not router.app.state.router.pool.snapshot(stalled.name).healthy
         metrics = (await client.get("/metrics")).text
@@ -78,23 +80,32 @@ async def test_a_replica_dying_between_its_headers_and_its_first_chunk_is_not_a_
     reps: list[Replica],
 ) -> None:
     dying, good = reps
-    dying.die_before_first_chunk = True
+    await dying.set_faults(Faults(disconnect_after_events=0))  # the response head, then nothing
     async with (
         running_router(make_config(reps)) as router,
         httpx.AsyncClient(base_url=router.url, timeout=20) as client,
     ):
         for i in range(4):
+            # the router's scrape of the last request's replica may still show it busy: its load would break
+            # the tie the alternation comes from
+            await eventually(lambda: _seen_idle(router))
             response, text = await read_stream(client, chat(i))
             assert response.status_code == 200
             assert response.headers["x-burstsched-endpoint"] == good.name
-            events = sse_events(text)
-            assert events[-1] == "[DONE]" and not any('"error"' in e for e in events)
-    assert len(dying.received) == 2  # every other request was sent there first, and moved
+            events = data_payloads(text)
+            assert events[-1] == DONE and not any('"error"' in e for e in events)
+    assert len(dying.requests) == 2  # every other request was sent there first, and moved
+
+
+async def _seen_idle(router: RunningRouter) -> bool:
+    """Whether the router's view of every replica is idle: nothing in flight, running or in the KV cache."""
+    snapshots = router.app.state.router.pool.snapshots()
+    return all(s.in_flight == 0 and s.running == 0 and s.waiting == 0 and s.kv_usage == 0 for s in snapshots)
 
 
 async def test_5xx_everywhere_is_a_502_json_never_a_truncation(reps: list[Replica]) -> None:
     for rep in reps:
-        rep.fail_status = 503
+        await rep.fail_with(503)
     async with (
         running_router(make_config(reps)) as router,
         httpx.AsyncClient(base_url=router.url, timeout=20) as client,
@@ -111,41 +122,39 @@ async def test_a_stream_cut_after_its_first_byte_ends_with_an_error_event_and_do
     reps: list[Replica],
 ) -> None:
     for rep in reps:
-        rep.die_after_chunks = 1
+        await rep.set_faults(Faults(disconnect_after_events=2))  # the role chunk and a first token
     async with (
         running_router(make_config(reps)) as router,
         httpx.AsyncClient(base_url=router.url, timeout=20) as client,
     ):
         response, text = await read_stream(client, chat(0))
     assert response.status_code == 200
-    events = sse_events(text)
-    assert "tok0" in events[0]
-    assert json.loads(events[-2])["error"]["type"] == "bad_gateway"
-    assert events[-1] == "[DONE]"
-    assert sum(len(r.received) for r in reps) == 1  # never retried once bytes went out
+    role, token, error_event, done = data_payloads(text)
+    assert json.loads(role)["choices"][0]["delta"]["role"] == "assistant"
+    assert json.loads(token)["choices"][0]["delta"]["content"]
+    assert json.loads(error_event)["error"]["type"] == "bad_gateway"
+    assert done == DONE
+    assert sum(len(r.requests) for r in reps) == 1  # never retried once bytes went out
 
 
 async def test_the_request_deadline_answers_504_before_the_first_byte_and_ends_a_stream_after_it(
     reps: list[Replica],
 ) -> None:
-    gate = anyio.Event()  # never set: streams hang after their first chunk
-    for rep in reps:
-        rep.gate = gate
     limits = LimitsConfig(request_timeout_ms=500)
     async with (
         running_router(make_config(reps, limits=limits)) as router,
         httpx.AsyncClient(base_url=router.url, timeout=20) as client,
     ):
-        response, text = await read_stream(client, chat(0))
+        response, text = await read_stream(client, chat(0, max_tokens=LONG_ANSWER))  # outlasts the deadline
         assert response.status_code == 200
-        events = sse_events(text)
-        assert "tok0" in events[0]
+        events = data_payloads(text)
+        assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
         error = json.loads(events[-2])["error"]
         assert error["type"] == "timeout_error" and error["message"].startswith("the request took longer")
-        assert events[-1] == "[DONE]"
+        assert events[-1] == DONE
 
         for rep in reps:
-            rep.stall_head_s = 3.0  # nothing at all within the deadline
+            await rep.set_faults(Faults(stall_before_first_byte_s=3.0))  # nothing at all within the deadline
         response = await client.post("/v1/chat/completions", json=chat(1))
         assert response.status_code == 504
         assert response.json()["error"]["type"] == "timeout_error"
@@ -158,7 +167,7 @@ async def test_the_request_deadline_answers_504_before_the_first_byte_and_ends_a
 
 
 async def test_a_killed_endpoint_leaves_scoring_and_its_prefix_entries_expire() -> None:
-    async with replicas(2) as reps:
+    async with sim_replicas(2) as reps:
         config = make_config(reps)
         async with (
             running_router(config) as router,
@@ -174,7 +183,7 @@ async def test_a_killed_endpoint_leaves_scoring_and_its_prefix_entries_expire() 
             assert index.size(warm_name) > 0
 
             warm = next(r for r in reps if r.name == warm_name)
-            warm.healthy = False  # fails its health checks: gone, as far as the router can tell
+            await warm.kill()  # gone: its health checks fail
 
             async def forgotten() -> bool:
                 return bool(index.size(warm_name) == 0)

@@ -12,8 +12,7 @@ from anyio.abc import SocketStream
 
 from burstsched.config import AdmissionConfig, LimitsConfig
 from burstsched.server.serve import RunningRouter, running_router
-
-from .replica import MODEL, Replica, replicas
+from burstsched.testing.replicas import MODEL, Replica, sim_replicas
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +28,7 @@ LIMITS = LimitsConfig(
 
 @pytest.fixture
 async def reps() -> AsyncIterator[list[Replica]]:
-    async with replicas(1) as running:
+    async with sim_replicas(1) as running:
         yield running
 
 
@@ -124,7 +123,7 @@ async def test_slow_body_gets_408_and_blocks_nobody(router: RunningRouter, reps:
     status_line, _, rest = reply.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 408")
     assert b"connection: close" in rest.lower() and b"request_timeout" in rest
-    assert len(reps[0].received) == 1  # only the request served meanwhile reached the replica
+    assert len(reps[0].requests) == 1  # only the request served meanwhile reached the replica
 
 
 async def test_oversized_head_gets_431(router: RunningRouter) -> None:

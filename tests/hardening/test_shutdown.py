@@ -20,9 +20,10 @@ from burstsched.dispatch.drain import Drainer
 from burstsched.server.serve import running_router
 from burstsched.sim import SimConfig, SimPool
 from burstsched.testing import free_port
+from burstsched.testing.replicas import LONG_ANSWER, MODEL, Replica, sim_replicas
+from burstsched.wire.sse import DONE, SSEReader, data_payloads
 
 from .helpers import config_for, eventually
-from .replica import MODEL, Replica, replicas, sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -57,14 +58,19 @@ async def test_drain_waits_for_requests_then_aborts_the_rest() -> None:
 
 @pytest.fixture
 async def reps() -> AsyncIterator[list[Replica]]:
-    async with replicas(1) as running:
+    async with sim_replicas(1) as running:
         yield running
 
 
 async def test_past_the_drain_deadline_a_stream_ends_with_an_error_event(reps: list[Replica]) -> None:
-    reps[0].gate = anyio.Event()  # never set: the stream hangs after its first chunk
     config = config_for([(r.name, r.url) for r in reps], shutdown=ShutdownConfig(drain_timeout_ms=300))
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    # a stream still generating well past the drain deadline
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "max_tokens": LONG_ANSWER,
+    }
     async with running_router(config) as router, httpx.AsyncClient(base_url=router.url, timeout=10) as client:
         drainer: Drainer = router.app.state.drainer
         with anyio.fail_after(10):
@@ -77,11 +83,11 @@ async def test_past_the_drain_deadline_a_stream_ends_with_an_error_event(reps: l
                     refused = await client.post("/v1/chat/completions", json={**body, "stream": False})
                     received += b"".join([chunk async for chunk in chunks])
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
-    events = sse_events(received.decode())
-    assert "tok0" in events[0]
+    events = data_payloads(received)
+    assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
     error = json.loads(events[-2])["error"]
     assert error["type"] == "service_unavailable" and "shutting down" in error["message"]
-    assert events[-1] == "[DONE]"
+    assert events[-1] == DONE
 
 
 async def _draining(drainer: Drainer) -> bool:
@@ -98,7 +104,7 @@ def _spawn_router(
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
 
 
-async def _stream(client: httpx.AsyncClient, url: str, max_tokens: int, started: anyio.Event) -> str:
+async def _stream(client: httpx.AsyncClient, url: str, max_tokens: int, started: anyio.Event) -> list[str]:
     body = {
         "model": "kv-demo",
         "messages": [{"role": "user", "content": "Tell a story."}],
@@ -108,12 +114,13 @@ async def _stream(client: httpx.AsyncClient, url: str, max_tokens: int, started:
     }
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
-        text = ""
-        async for chunk in response.aiter_text():
-            text += chunk
-            if text.count("data: ") >= 2:
+        reader = SSEReader()
+        events: list[str] = []
+        async for chunk in response.aiter_bytes():
+            events += reader.feed(chunk)
+            if len(events) >= 2:
                 started.set()
-    return text
+    return events
 
 
 @pytest.mark.slow
@@ -142,7 +149,7 @@ async def test_serve_drains_on_sigterm_and_serves_admin_paths_on_their_own_port(
                 admin = await client.get(f"http://127.0.0.1:{admin_port}/metrics")
                 assert admin.status_code == 200 and "burstsched_requests_total" in admin.text
 
-                results: dict[str, str] = {}
+                results: dict[str, list[str]] = {}
                 long_started, short_started = anyio.Event(), anyio.Event()
 
                 async def run(name: str, tokens: int, started: anyio.Event) -> None:
@@ -164,11 +171,11 @@ async def test_serve_drains_on_sigterm_and_serves_admin_paths_on_their_own_port(
     # uvicorn re-raises the signal it shut down on once done: the process ends "killed by SIGTERM"
     assert code == -signal.SIGTERM, log.read_text()
     assert "Traceback" not in log.read_text()
-    short = sse_events(results["short"])
-    assert short[-1] == "[DONE]" and not any('"error"' in e for e in short)
+    short = results["short"]
+    assert short[-1] == DONE and not any('"error"' in e for e in short)
     assert json.loads(short[-2])["choices"][0]["finish_reason"] == "length"
-    long = sse_events(results["long"])
-    assert long[-1] == "[DONE]"
+    long = results["long"]
+    assert long[-1] == DONE
     assert "shutting down" in json.loads(long[-2])["error"]["message"]
 
 

@@ -1,4 +1,4 @@
-"""End to end through a real uvicorn router in front of small fake replicas on 127.0.0.1."""
+"""End to end through a real uvicorn router in front of simulated replicas on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,21 +12,23 @@ import pytest
 
 from burstsched.config import LimitsConfig
 from burstsched.server.serve import RunningRouter, running_router
+from burstsched.sim import Faults
+from burstsched.testing.replicas import LONG_ANSWER, MODEL, Replica, gated_replica, sim_replicas
+from burstsched.wire.sse import DONE, data_payloads
 
-from .fake_replica import MODEL, FakeReplica, fake_replicas
 from .helpers import eventually, router_config
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 200}]}
 
 
 @pytest.fixture
-async def replicas() -> AsyncIterator[list[FakeReplica]]:
-    async with fake_replicas(2) as reps:
+async def replicas() -> AsyncIterator[list[Replica]]:
+    async with sim_replicas(2) as reps:
         yield reps
 
 
 @pytest.fixture
-async def router(replicas: list[FakeReplica]) -> AsyncIterator[RunningRouter]:
+async def router(replicas: list[Replica]) -> AsyncIterator[RunningRouter]:
     config = router_config(
         [(r.name, r.url) for r in replicas], limits=LimitsConfig(max_body_bytes=1024 * 1024)
     )
@@ -40,35 +42,32 @@ async def client(router: RunningRouter) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-def _by_name(replicas: list[FakeReplica], name: str) -> FakeReplica:
+def _by_name(replicas: list[Replica], name: str) -> Replica:
     return next(r for r in replicas if r.name == name)
 
 
 @pytest.mark.anyio
-async def test_streaming_is_forwarded_chunk_by_chunk(
-    replicas: list[FakeReplica], client: httpx.AsyncClient
-) -> None:
-    for replica in replicas:
-        replica.gate = anyio.Event()
+async def test_streaming_is_forwarded_chunk_by_chunk() -> None:
     body = {**CHAT, "stream": True}
-    with anyio.fail_after(10):
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            serving = _by_name(replicas, response.headers["x-burstsched-endpoint"])
-            chunks = response.aiter_raw()
-            first = await anext(chunks)
-            # the replica holds its second chunk until we saw the first: a buffering proxy would hang here
-            assert b"tok0" in first and b"tok1" not in first
-            assert serving.gate is not None
-            serving.gate.set()
-            rest = b"".join([c async for c in chunks])
+    async with gated_replica() as gated, running_router(router_config([(gated.name, gated.url)])) as router:
+        async with httpx.AsyncClient(base_url=router.url, timeout=10) as client:
+            with anyio.fail_after(10):
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    assert response.status_code == 200
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    assert response.headers["x-burstsched-endpoint"] == gated.name
+                    chunks = response.aiter_raw()
+                    first = await anext(chunks)
+                    # the replica holds its second chunk until we saw the first: a buffering proxy would hang
+                    assert b"tok0" in first and b"tok1" not in first
+                    gated.gate.set()
+                    rest = b"".join([c async for c in chunks])
     assert b"tok1" in rest and b"tok2" in rest and rest.endswith(b"data: [DONE]\n\n")
 
 
 @pytest.mark.anyio
 async def test_endpoint_header_and_forwarded_headers(
-    replicas: list[FakeReplica], client: httpx.AsyncClient
+    replicas: list[Replica], client: httpx.AsyncClient
 ) -> None:
     response = await client.post(
         "/v1/chat/completions",
@@ -77,8 +76,9 @@ async def test_endpoint_header_and_forwarded_headers(
     )
     assert response.status_code == 200
     name = response.headers["x-burstsched-endpoint"]
-    assert response.json()["served_by"] == name
-    seen = _by_name(replicas, name).headers_seen[-1]
+    # the named replica answered: it alone received the request
+    assert [len(r.requests) for r in replicas if r.name != name] == [0]
+    (seen,) = _by_name(replicas, name).headers_seen
     assert seen["x-request-id"] == "req-42"
     assert "x-secret" not in seen
     assert seen["content-type"] == "application/json"
@@ -97,10 +97,10 @@ async def test_completions_and_models(client: httpx.AsyncClient) -> None:
 
 @pytest.mark.anyio
 async def test_5xx_before_first_byte_moves_to_the_next_endpoint(
-    replicas: list[FakeReplica], client: httpx.AsyncClient
+    replicas: list[Replica], client: httpx.AsyncClient
 ) -> None:
     broken, healthy = replicas
-    broken.fail_status = 503
+    await broken.fail_with(503)
     # Distinct prompts: no prefix affinity, so the tie-break rotation tries the broken replica first
     # sooner or later (which request is first there depends on the picker's seed: send up to 12).
     for i in range(12):
@@ -112,55 +112,56 @@ async def test_5xx_before_first_byte_moves_to_the_next_endpoint(
         response = await client.post("/v1/chat/completions", json=body)
         assert response.status_code == 200
         assert response.headers["x-burstsched-endpoint"] == healthy.name
-        if i >= 3 and broken.received:
+        if i >= 3 and broken.requests:
             break
-    assert len(broken.received) >= 1  # some requests were tried there first and moved
+    assert len(broken.requests) >= 1  # some requests were tried there first and moved
     metrics = (await client.get("/metrics")).text
     assert f'burstsched_upstream_attempts_total{{endpoint="{broken.name}",result="status_5xx"}}' in metrics
 
 
 @pytest.mark.anyio
 async def test_upstream_4xx_passes_through_without_failover(
-    replicas: list[FakeReplica], client: httpx.AsyncClient
+    replicas: list[Replica], client: httpx.AsyncClient
 ) -> None:
     for replica in replicas:
-        replica.fail_status = 400
+        await replica.fail_with(400)
     response = await client.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 400
-    assert response.json()["error"]["message"] == "injected"
-    assert sum(len(r.received) for r in replicas) == 1
+    assert response.json()["error"]["message"] == "injected fault: HTTP 400"  # the replica's own body
+    assert sum(len(r.requests) for r in replicas) == 1
 
 
 @pytest.mark.anyio
 async def test_every_attempt_failing_gives_502_json(
-    replicas: list[FakeReplica], client: httpx.AsyncClient
+    replicas: list[Replica], client: httpx.AsyncClient
 ) -> None:
     for replica in replicas:
-        replica.fail_status = 500
+        await replica.fail_with(500)
     for stream in (False, True):
         response = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
         assert response.status_code == 502
         error = response.json()["error"]
         assert error["type"] == "bad_gateway" and "HTTP 500" in error["message"]
-    assert all(len(r.received) == 2 for r in replicas)  # max_attempts 2: each request tried both
+    assert all(len(r.requests) == 2 for r in replicas)  # max_attempts 2: each request tried both
 
 
 @pytest.mark.anyio
 async def test_failure_after_first_byte_ends_with_an_error_event(
-    replicas: list[FakeReplica], client: httpx.AsyncClient
+    replicas: list[Replica], client: httpx.AsyncClient
 ) -> None:
     for replica in replicas:
-        replica.die_after_chunks = 1
+        await replica.set_faults(Faults(disconnect_after_events=2))  # the role chunk and a first token
     with anyio.fail_after(10):
         async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
             assert response.status_code == 200
-            text = (await response.aread()).decode()
-    events = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
-    assert "tok0" in events[0]
-    error = json.loads(events[-2])["error"]
+            events = data_payloads(await response.aread())
+    role, token, error_event, done = events
+    assert json.loads(role)["choices"][0]["delta"]["role"] == "assistant"
+    assert json.loads(token)["choices"][0]["delta"]["content"]
+    error = json.loads(error_event)["error"]
     assert error["type"] == "bad_gateway" and "mid-stream" in error["message"]
-    assert events[-1] == "[DONE]"
-    assert sum(len(r.received) for r in replicas) == 1  # no retry once bytes went out
+    assert done == DONE
+    assert sum(len(r.requests) for r in replicas) == 1  # no retry once bytes went out
 
 
 @pytest.mark.anyio
@@ -237,10 +238,10 @@ async def test_wrong_method_is_405_json(client: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.anyio
-async def test_no_healthy_endpoint_is_503(replicas: list[FakeReplica], client: httpx.AsyncClient) -> None:
+async def test_no_healthy_endpoint_is_503(replicas: list[Replica], client: httpx.AsyncClient) -> None:
     assert (await client.get("/ready")).status_code == 200
     for replica in replicas:
-        replica.healthy = False
+        await replica.kill()
 
     async def not_ready() -> bool:
         return (await client.get("/ready")).status_code == 503
@@ -250,24 +251,26 @@ async def test_no_healthy_endpoint_is_503(replicas: list[FakeReplica], client: h
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "service_unavailable"
     assert (await client.get("/health")).status_code == 200
-    assert all(not r.received for r in replicas)
+    assert all(not r.requests for r in replicas)
 
 
 @pytest.mark.anyio
 async def test_client_disconnect_cancels_the_upstream_request(
-    replicas: list[FakeReplica], router: RunningRouter, client: httpx.AsyncClient
+    replicas: list[Replica], router: RunningRouter, client: httpx.AsyncClient
 ) -> None:
-    for replica in replicas:
-        replica.gate = anyio.Event()  # never set: the stream would wait forever after its first chunk
+    body = {**CHAT, "stream": True, "max_tokens": LONG_ANSWER}  # still generating when the client leaves
     with anyio.fail_after(10):
-        async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             serving = _by_name(replicas, response.headers["x-burstsched-endpoint"])
-            assert b"tok0" in await anext(response.aiter_raw())
+            assert b"chat.completion.chunk" in await anext(response.aiter_raw())
     pool = router.app.state.router.pool
 
     async def cancelled_everywhere() -> bool:
         counted = 'outcome="cancelled"' in (await client.get("/metrics")).text
-        return serving.cancelled == 1 and pool.snapshot(serving.name).in_flight == 0 and counted
+        # the replica's engine dropped the request unfinished: nothing running, nothing completed
+        engine = await serving.metrics()
+        aborted = engine["vllm:num_requests_running"] == 0 and engine["vllm:request_success_total"] == 0
+        return aborted and pool.snapshot(serving.name).in_flight == 0 and counted
 
     await eventually(cancelled_everywhere)
 

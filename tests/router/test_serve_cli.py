@@ -13,8 +13,8 @@ import pytest
 
 from burstsched import cli
 from burstsched.testing.ports import free_port
+from burstsched.testing.replicas import MODEL, sim_replicas
 
-from .fake_replica import fake_replicas
 from .helpers import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def test_missing_endpoints_and_bad_endpoint_argument(capsys: pytest.CaptureFixtu
 
 @pytest.mark.anyio
 async def test_serve_process_routes_and_stops_on_sigint() -> None:
-    async with fake_replicas(2) as replicas:
+    async with sim_replicas(2) as replicas:
         port = free_port()
         args = [
             sys.executable,
@@ -62,7 +62,7 @@ async def test_serve_process_routes_and_stops_on_sigint() -> None:
                         return False
 
                 await eventually(ready, within_s=30, poll=0.1)
-                body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
                 response = await client.post("/v1/chat/completions", json=body)
                 assert response.status_code == 200, response.text
                 assert response.headers["x-burstsched-endpoint"] in {r.name for r in replicas}
