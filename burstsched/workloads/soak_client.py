@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import httpx
 
+from burstsched.wire.sse import DONE, aiter_data
+
 Kind = Literal["completed", "error_status", "stream_error", "cancelled", "rejected", "bad_shape", "lost"]
 KINDS: tuple[Kind, ...] = (
     "completed",
@@ -110,7 +112,7 @@ def _headers_into(outcome: Outcome, response: httpx.Response) -> None:
 
 @dataclass(slots=True)
 class StreamState:
-    """What a stream's ``data:`` lines said so far; :meth:`kind` classifies it once it ended."""
+    """What a stream's events said so far; :meth:`kind` classifies it once it ended."""
 
     done: bool = False
     finished: bool = False
@@ -118,14 +120,12 @@ class StreamState:
     after_done: bool = False
     chunks: int = 0
 
-    def read(self, line: str) -> None:
-        if not line.startswith("data:"):
-            return
-        data = line[5:].strip()
+    def read(self, data: str) -> None:
+        """One event's ``data``."""
         if self.done:
             self.after_done = True
             return
-        if data == "[DONE]":
+        if data == DONE:
             self.done = True
             return
         self.chunks += 1
@@ -188,8 +188,8 @@ async def _read_stream(resp: httpx.Response, outcome: Outcome, cut_after: int | 
     state = StreamState()
     transport_error: str | None = None
     try:
-        async for line in resp.aiter_lines():
-            state.read(line)
+        async for data in aiter_data(resp.aiter_bytes()):
+            state.read(data)
             if cut_after is not None and state.chunks >= cut_after and not state.error_event:
                 outcome.kind = "cancelled"
                 return  # leaving the stream's context closes the connection mid-stream

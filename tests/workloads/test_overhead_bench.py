@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from burstsched.pool.scrape import parse_vllm_metrics  # noqa: E402
+from burstsched.wire.sse import aiter_data  # noqa: E402
 from loadtests.fast_backend import start_backend  # noqa: E402
 from loadtests.http_load import Connection, ResponseError, closed_loop, post_request, response_end  # noqa: E402
 from loadtests.overhead_targets import check_tree, git_worktree, untraced_env  # noqa: E402
@@ -57,7 +58,7 @@ async def test_backend_streams_sse_with_usage_on_request(backend_url: str) -> No
     async with httpx.AsyncClient(base_url=backend_url, trust_env=False, timeout=5) as client:
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.headers["content-type"] == "text/event-stream"
-            events = [line.removeprefix("data: ") async for line in response.aiter_lines() if line]
+            events = [data async for data in aiter_data(response.aiter_bytes())]
         plain = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream": True})
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]

@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from burstsched.wire.sse import data_payloads  # noqa: E402
 from burstsched.workloads.soak_client import (  # noqa: E402
     KINDS,
     MALFORMED,
@@ -101,9 +102,10 @@ def test_read_process_reads_status_and_fd_of_the_pid(tmp_path: Path) -> None:
 
 
 def _kind(lines: list[str], transport_error: str | None = None) -> str:
+    """How a stream of these ``data:`` lines (each one event) is classified."""
     state = StreamState()
-    for line in lines:
-        state.read(line)
+    for data in data_payloads("".join(line + "\n\n" for line in lines)):
+        state.read(data)
     return state.kind(transport_error)[0]
 
 
