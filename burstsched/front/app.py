@@ -70,7 +70,8 @@ class Router:
 
     config: RouterConfig
     upstream: Upstream
-    """Every request to the replicas goes through it (dispatch, checks, scrapes, ``/tokenize``)."""
+    """The client that dispatches requests to the replicas (health, models, scrapes and ``/tokenize`` use a
+    second one, so that dispatch connections idle out after a burst)."""
     pool: EndpointPool
     scheduler: Scheduler
     dispatcher: Dispatcher
@@ -331,9 +332,15 @@ def create_app(
             pool=timeouts.pool_ms / 1000.0,
         )
         async with AsyncExitStack() as resources:
+            # Dispatch and the pool's own traffic (health, models, scrapes, /tokenize) use separate
+            # connections: the scrapes every few tens of ms would otherwise keep every connection a burst
+            # opened busy, so the dispatch pool could never shrink back once the burst is over.
             upstream_io = upstream
+            control_io = upstream
             if upstream_io is None:
                 upstream_io = await resources.enter_async_context(_upstream_client(config))
+            if control_io is None:
+                control_io = await resources.enter_async_context(_upstream_client(config))
             consumers = [p for p in scheduler.profile.plugins if isinstance(p, KVEventConsumer)]
             hub = _event_hub(config, consumers, metrics)
 
@@ -345,13 +352,13 @@ def create_app(
             pool = EndpointPool(
                 config.endpoints,
                 config.pool,
-                getter(upstream_io),
+                getter(control_io),
                 clock=clock,
                 models=config.models,
                 circuit=circuit_settings,
                 on_down=endpoint_down,
             )
-            tokenizer = _prompt_tokenizer(config, bool(consumers), upstream_io, pool)
+            tokenizer = _prompt_tokenizer(config, bool(consumers), control_io, pool)
             metrics.watch_endpoints(pool.snapshots)
             metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
             loop = asyncio.get_running_loop()

@@ -76,15 +76,26 @@ class ParsedRequest:
         )
 
 
+DISCARD_BYTES = 64 * 1024 * 1024
+"""How much of a body over the limit is still read (and dropped) before the 413 goes out."""
+
+
 async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
-    """The whole request body; :class:`RequestError` 413 past ``limit`` bytes."""
+    """The whole request body; :class:`RequestError` 413 past ``limit`` bytes.
+
+    Before a 413 the rest of the body is read and dropped (up to ``DISCARD_BYTES``, within the body
+    deadline): a client still sending would otherwise have its connection reset by the close that
+    follows the answer, and lose the 413 with it.
+    """
     declared = headers.get("content-length")
     if declared is not None:
         try:
-            if int(declared) > limit:
-                raise _too_large(limit)
+            declared_size = int(declared)
         except ValueError:
             raise RequestError(400, "invalid Content-Length header") from None
+        if declared_size > limit:
+            await _discard(receive, DISCARD_BYTES)
+            raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -92,14 +103,28 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         chunk = message.get("body", b"")
+        more = message.get("more_body", False)
         if chunk:
             size += len(chunk)
             if size > limit:
+                if more:
+                    await _discard(receive, DISCARD_BYTES)
                 raise _too_large(limit)
             chunks.append(chunk)
-        if not message.get("more_body", False):
+        if not more:
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _discard(receive: Receive, budget: int) -> None:
+    """Read and drop the rest of a body, at most ``budget`` more bytes."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _too_large(limit: int) -> RequestError:

@@ -158,6 +158,19 @@ async def test_an_undeclared_oversized_body_gets_413(router: RunningRouter) -> N
     assert response.json()["error"]["code"] == "request_too_large"
 
 
+async def test_a_declared_body_far_over_the_limit_still_gets_its_413(router: RunningRouter) -> None:
+    """4 MiB against a 4 KiB limit: far more than the socket buffers hold, so the client is still sending
+    when the router decides; it must read the 413, not a reset connection."""
+    body = b'{"model": "m", "prompt": "' + b"x" * (4 * 1024 * 1024) + b'"}'
+    async with httpx.AsyncClient(base_url=router.url, timeout=30) as client:
+        for _ in range(3):
+            response = await client.post(
+                "/v1/completions", content=body, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 413
+            assert response.json()["error"]["code"] == "request_too_large"
+
+
 async def test_a_full_admission_queue_answers_429_with_retry_after(reps: list[Replica]) -> None:
     from .helpers import config_for, eventually
 
