@@ -5,10 +5,13 @@
         [--targets burstsched:config/default.yaml,random,sglang:cache_aware,sglang:round_robin,
                    vllm-router:cache_aware]
         [--documents D] [--zipf 1.0] [--doc-tokens 2200-3600] [--max-tokens 16] [--time-scale 0.1]
+        [--routers 1,2]
 
 D documents (each longer than 2k tokens), Zipf popularity, a distinct short question per request, Poisson
 arrivals; the sequence is fixed by ``--seed``, so every target gets the identical requests at the identical
 times (burstsched/workloads/docqa.py). Between targets the replicas' prefix caches are reset.
+``--routers 1,2`` runs each burstsched target once per router count: with N > 1, N independent
+``burstsched serve`` processes over the same replicas, request i sent to router i mod N (label ``xN``).
 
 Sizing. Documents are sized with the serving tokenizer (the simulator's built-in one, or the tiny model's
 on real vLLM; a one-replica simulator with that tokenizer sizes them before the pool starts, then the real
@@ -74,6 +77,7 @@ from burstsched.workloads.docqa_run import (
     run_target,
 )
 from burstsched.workloads.pools import event_args
+from burstsched.workloads.router_fleet import burstsched_fleet_target
 from burstsched.workloads.router_process import RouterStartError
 from burstsched.workloads.targets import (
     ClientRandomTarget,
@@ -96,6 +100,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--targets", default=DEFAULT_TARGETS)
+    parser.add_argument(
+        "--routers",
+        default="1",
+        help="comma-separated router counts per burstsched target (N > 1: N processes, clients round-robin)",
+    )
     parser.add_argument("--documents", type=int, default=100)
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of document popularity")
     parser.add_argument("--doc-tokens", default="2200-3600", help="document length range, tokens")
@@ -124,6 +133,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.doc_tokens_min, args.doc_tokens_max = int(low), int(high or low)
     if args.replicas < 1:
         parser.error("--replicas must be >= 1")
+    args.router_counts = [int(n) for n in args.routers.split(",")]
+    if any(n < 1 for n in args.router_counts):
+        parser.error("--routers must be >= 1")
     return args
 
 
@@ -208,7 +220,10 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
 
 # -- targets -------------------------------------------------------------------------------------------
 def build_targets(
-    specs: Sequence[TargetSpec], seed: int, router_args: Sequence[str] = ()
+    specs: Sequence[TargetSpec],
+    seed: int,
+    router_args: Sequence[str] = (),
+    router_counts: Sequence[int] = (1,),
 ) -> tuple[list[Target], dict[str, str]]:
     """Targets to run, and those skipped with the reason (a peer whose venv cannot be built)."""
     targets: list[Target] = []
@@ -218,7 +233,11 @@ def build_targets(
             config = Path(spec.option or "config/default.yaml")
             if not config.is_file():
                 raise SystemExit(f"target {spec.label}: no config file {config}")
-            targets.append(burstsched_target(config, extra_args=router_args))
+            for count in router_counts:
+                if count == 1:
+                    targets.append(burstsched_target(config, extra_args=router_args))
+                else:
+                    targets.append(burstsched_fleet_target(config, count, extra_args=router_args))
         elif spec.kind == "random":
             targets.append(ClientRandomTarget(seed))
         elif spec.kind in PEERS:
@@ -307,7 +326,9 @@ async def main(args: argparse.Namespace) -> int:
                 rates = [float(x) for x in args.rates.split(",")]
             else:
                 rates = [base_rate]
-            targets, skipped = build_targets(parse_targets(args.targets), args.seed, pool.router_args)
+            targets, skipped = build_targets(
+                parse_targets(args.targets), args.seed, pool.router_args, args.router_counts
+            )
             runs: list[tuple[float, TargetRun]] = []
             attempts: list[list[float]] = []
             for rate in rates:
@@ -393,6 +414,11 @@ def describe(
         "rates (requests/s)": ", ".join(f"{r:.2f}" for r in rates),
         "cold capacity": "not measured",
     }
+    if args.router_counts != [1]:
+        setup["routers"] = (
+            f"each burstsched target with {', '.join(map(str, args.router_counts))} router(s); N > 1: N "
+            "independent burstsched serve processes over the same replicas, request i sent to router i mod N"
+        )
     if capacity is not None:
         setup["cold capacity"] = (
             f"{capacity.requests_per_s:.2f} requests/s (mean cold service "
