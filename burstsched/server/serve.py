@@ -18,12 +18,13 @@ import contextlib
 import gc
 import logging
 import math
+import os
 import random
 import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,16 @@ from burstsched.dispatch.drain import Drainer
 from burstsched.framework import PluginRegistry
 from burstsched.front.app import Clock, create_app
 from burstsched.server.header_guard import guarded_protocol
+from burstsched.server.workers import (
+    SOCKET_MODES,
+    WORKER_HEADER,
+    Supervisor,
+    WorkerLink,
+    adopt_sockets,
+    close_all,
+    worker_sockets,
+)
+from burstsched.telemetry.metrics import RouterMetrics
 
 DEFAULT_CONFIG = Path("config") / "default.yaml"
 
@@ -85,6 +96,86 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tokenizer.json), or 'remote' (a replica's POST /tokenize); replaces the config's tokenizer section",
     )
     parser.add_argument("--log-level", default="warning", help="log level (default: %(default)s)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="router processes serving the one port, each with its own pool, scheduler and index (default: "
+        "%(default)s); a parent supervises them (see burstsched.server.workers)",
+    )
+    parser.add_argument(
+        "--worker-sockets",
+        choices=SOCKET_MODES,
+        default="reuseport",
+        help="with --workers: a SO_REUSEPORT socket per worker (the kernel spreads connections evenly) or "
+        "one shared socket (default: %(default)s)",
+    )
+    # set by the parent of --workers for each worker it starts
+    parser.add_argument("--worker-id", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--listen-fds", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-link", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def _worker_command(args: argparse.Namespace) -> Callable[[int, Sequence[int], int], list[str]]:
+    """How the parent of ``--workers`` starts worker ``i``: this command again, with the sockets it inherits.
+
+    Every argument of :func:`add_arguments` that a worker needs is passed on here."""
+    base = [sys.executable, "-m", "burstsched", "serve", "--config", str(args.config), "--host", args.host]
+    base += ["--port", str(args.port), "--log-level", args.log_level]
+    for flag, values in (
+        ("--endpoint", args.endpoint),
+        ("--kv-events", args.kv_events),
+        ("--kv-events-replay", args.kv_events_replay),
+    ):
+        for value in values:
+            base += [flag, value]
+    if args.tokenizer is not None:
+        base += ["--tokenizer", args.tokenizer]
+
+    def command(index: int, fds: Sequence[int], link: int) -> list[str]:
+        listen = ",".join(str(fd) for fd in fds)
+        return [*base, "--worker-id", str(index), "--listen-fds", listen, "--worker-link", str(link)]
+
+    return command
+
+
+def _supervise(args: argparse.Namespace, config: RouterConfig) -> int:
+    """``--workers N``: bind the sockets once, run N workers, stop them on SIGTERM/SIGINT."""
+    try:
+        sockets = worker_sockets(
+            args.host, args.port, config.auth.admin_port, args.workers, args.worker_sockets
+        )
+    except OSError as exc:
+        print(f"burstsched serve: cannot listen: {exc}", file=sys.stderr)
+        return 2
+    drain_s = config.shutdown.drain_timeout_ms / 1000.0
+    supervisor = Supervisor(_worker_command(args), sockets, stop_timeout_s=drain_s + 15.0)
+    try:
+        return supervisor.run()
+    finally:
+        close_all(sockets)
+
+
+def _as_worker(args: argparse.Namespace, app: Starlette, server: DrainingServer) -> list[socket.socket]:
+    """A worker of ``--workers``: its inherited sockets; it tells the parent once serving, and stops (as on
+    SIGTERM) if the parent goes."""
+    link = WorkerLink(args.worker_link) if args.worker_link is not None else None
+
+    def started() -> None:
+        metrics = getattr(getattr(app.state, "router", None), "metrics", None)
+        if isinstance(metrics, RouterMetrics):
+            metrics.watch_worker(str(args.worker_id), os.getpid())
+        if link is not None:
+            link.ready()
+
+    def parent_gone() -> None:
+        server.should_exit = True
+
+    server.on_started = started
+    if link is not None:
+        link.watch_parent(parent_gone)
+    return adopt_sockets([int(fd) for fd in str(args.listen_fds or "").split(",") if fd])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
                 "burstsched serve: no endpoints (give --endpoint or list them in the config)", file=sys.stderr
             )
             return 2
+        if args.workers < 1:
+            print("burstsched serve: --workers must be at least 1", file=sys.stderr)
+            return 2
         app = create_app(config)
     except ConfigError as exc:
         print(f"burstsched serve: {exc}", file=sys.stderr)
@@ -106,12 +200,17 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.workers > 1 and args.worker_id is None:
+        return _supervise(args, config)
+    headers = [(WORKER_HEADER, str(args.worker_id))] if args.worker_id is not None else []
     uv_config = _uvicorn_config(
-        app, host=args.host, port=args.port, log_level=args.log_level, limits=config.limits
+        app, host=args.host, port=args.port, log_level=args.log_level, limits=config.limits, headers=headers
     )
     server = DrainingServer(uv_config, _drainer(app), freeze_gc=True)
     sockets: list[socket.socket] | None = None
-    if config.auth.admin_port is not None:  # one server, two listening sockets: the API's and the admin's
+    if args.worker_id is not None:
+        sockets = _as_worker(args, app, server)
+    elif config.auth.admin_port is not None:  # one server, two listening sockets: the API's and the admin's
         try:
             sockets = [_listen(args.host, args.port), _listen(args.host, config.auth.admin_port)]
         except OSError as exc:
@@ -147,6 +246,7 @@ def _uvicorn_config(
     port: int = 0,
     log_level: str = "warning",
     limits: LimitsConfig | None = None,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> uvicorn.Config:
     limits = limits if limits is not None else LimitsConfig()
     drainer = _drainer(app)
@@ -166,6 +266,7 @@ def _uvicorn_config(
         access_log=False,
         server_header=False,
         date_header=False,
+        headers=list(headers),
         timeout_keep_alive=max(1, math.ceil(limits.keep_alive_timeout_ms / 1000.0)),
         timeout_graceful_shutdown=math.ceil(drain_s) + 10,  # the drainer ends requests before this
     )
@@ -191,12 +292,16 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.drainer = drainer
         self.freeze_gc = freeze_gc
+        self.on_started: Callable[[], None] | None = None
+        """Called once the server is listening (a worker of ``--workers`` tells its parent)."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.freeze_gc and self.started:
             gc.collect()
             gc.freeze()
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         drainer = self.drainer

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import Message, Send
@@ -58,6 +58,30 @@ class SizedIndex(Protocol):
     """A prefix index that can say how many blocks it holds for an endpoint."""
 
     def size(self, endpoint: str) -> int: ...
+
+
+DISCOVERY_STATES = ("joining", "healthy", "unhealthy", "draining")
+
+
+class _DiscoveryCollector(Collector):
+    """Endpoints per discovery state (joining, healthy, unhealthy, draining), read at scrape time."""
+
+    def __init__(self, states: Callable[[], Iterable[str]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "burstsched_discovery_endpoints",
+            "Endpoints in the pool by state: joining (not yet checked and scraped), healthy, unhealthy, "
+            "draining (left discovery; in-flight requests finishing).",
+            labels=["state"],
+        )
+        counts = dict.fromkeys(DISCOVERY_STATES, 0)
+        for state in self._states():
+            counts[state] = counts.get(state, 0) + 1
+        for state, count in counts.items():
+            family.add_metric([state], float(count))
+        yield family
 
 
 class _EndpointCollector(Collector):
@@ -290,6 +314,13 @@ class RouterMetrics:
             ["endpoint"],
             registry=self.registry,
         )
+        self.discovery_changes = Counter(
+            "burstsched_discovery_changes",
+            "Changes to the endpoint set by discovery: added, removed (draining began), drained (gone), "
+            "restored (back before it drained).",
+            ["change"],
+            registry=self.registry,
+        )
         self._prefix_scorers: tuple[str, ...] = ()
         self._decision_children: dict[str, Counter] = {}
         self._lag_children: dict[str, Histogram] = {}
@@ -304,10 +335,28 @@ class RouterMetrics:
         """Export the pool's per-endpoint gauges, read at each scrape."""
         self.registry.register(_EndpointCollector(snapshots))
 
+    def watch_discovery(self, states: Callable[[], Iterable[str]]) -> None:
+        """Export how many endpoints are in each discovery state, read from the pool at each scrape."""
+        self.registry.register(_DiscoveryCollector(states))
+
+    def discovery_change(self, change: str) -> None:
+        self.discovery_changes.labels(change).inc()
+
     def watch_runtime(self, count_tasks: Callable[[], int]) -> RuntimeMetrics:
         """Export the process's runtime health (event-loop lag, asyncio tasks, ``process_*``); the caller
         runs the returned :attr:`RuntimeMetrics.sampler` on the loop it watches."""
         return RuntimeMetrics(self.registry, count_tasks=count_tasks)
+
+    def watch_worker(self, worker: str, pid: int) -> None:
+        """Export ``burstsched_worker_info{worker, pid} 1``: which process of ``burstsched serve --workers``
+        answered the scrape (each worker has its own metrics; see burstsched.server.workers)."""
+        info = Gauge(
+            "burstsched_worker_info",
+            "Constant 1, labelled with this router process's worker index and PID (--workers).",
+            ["worker", "pid"],
+            registry=self.registry,
+        )
+        info.labels(worker, str(pid)).set(1.0)
 
     def watch_plugins(self, plugins: Iterable[Plugin], endpoint_names: Callable[[], Iterable[str]]) -> None:
         """Export the size of every plugin's prefix index (an ``index`` with ``size(endpoint)``) and take
