@@ -6,7 +6,6 @@ endpoint first, then the failover order) and, for tracing and metrics, its windo
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -65,6 +64,8 @@ class Admission:
         self._clock: Clock = clock or LoopClock()
         self._produced: tuple[SchedRequest, Sequence[EndpointSnapshot], CycleState] | None = None
         """The last bypass check's request, snapshots and producer state, for its immediate scheduling."""
+        self._given: tuple[SchedRequest, Sequence[EndpointSnapshot]] | None = None
+        """The snapshots the caller of :meth:`admit` passed, while that request is being admitted."""
         self._placer = GroupPlacer(
             scheduler,
             snapshots,
@@ -95,19 +96,37 @@ class Admission:
     ) -> bool | None:
         return await self._window.__aexit__(exc_type, exc, tb)
 
-    async def admit(self, request: SchedRequest) -> Admitted:
+    async def admit(
+        self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot] | None = None
+    ) -> Admitted:
         """Decide where ``request`` goes, after its window if it waits in one.
+
+        ``endpoints``: the snapshots of ``request.model``'s endpoints taken just now, if the caller has them
+        (a request that skips the window is checked and scheduled on them instead of new ones).
 
         Raises :class:`AdmissionQueueFull` (answer 429 with ``Retry-After: retry_after_s``),
         :class:`NoEndpointAvailable` (503), :class:`AdmissionClosed` (503, shutting down).
         """
         started = self._clock.now()
-        if not self._config.enabled:
-            decision = self._schedule_alone(request)
-            now = self._clock.now()
-            return Admitted(decision, None, None, Role.BYPASS, 1, 0, now - started, now - started)
-        admitted = await self._window.submit(request)
-        return dataclasses.replace(admitted, waited_s=self._clock.now() - started)
+        self._given = (request, endpoints) if endpoints is not None else None
+        try:
+            if not self._config.enabled:
+                decision = self._schedule_alone(request)
+                now = self._clock.now()
+                return Admitted(decision, None, None, Role.BYPASS, 1, 0, now - started, now - started)
+            a = await self._window.submit(request)
+        finally:
+            self._given = None
+        waited = self._clock.now() - started
+        return Admitted(
+            a.decision, a.window_id, a.group_id, a.role, a.group_size, a.shared_blocks, waited, a.scheduled_s
+        )
+
+    def _endpoints(self, request: SchedRequest) -> Sequence[EndpointSnapshot]:
+        given = self._given
+        if given is not None and given[0] is request:
+            return given[1]
+        return self._snapshots(request.model)
 
     def bypasses(self, request: SchedRequest) -> bool:
         """Whether ``request`` skips the window: too short to share a group's prefix, or warm on an endpoint
@@ -117,7 +136,7 @@ class Admission:
             return True
         if not config.bypass_warm:
             return False
-        endpoints = self._snapshots(request.model)
+        endpoints = self._endpoints(request)
         open_ = [e for e in endpoints if not self._saturated(e)]
         if not open_:
             return False
@@ -140,7 +159,7 @@ class Admission:
         produced, self._produced = self._produced, None
         if produced is not None and produced[0] is request:  # the bypass check's snapshots and producers
             return self._scheduler.schedule(request, produced[1], produced=produced[2])
-        endpoints = self._snapshots(request.model)
+        endpoints = self._endpoints(request)
         if not endpoints:
             raise NoEndpointAvailable(f"no endpoint serves model {request.model!r}")
         return self._scheduler.schedule(request, endpoints)

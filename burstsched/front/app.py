@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -34,7 +33,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from burstsched.admission import Admission, AdmissionClosed, AdmissionQueueFull, NoEndpointAvailable
-from burstsched.config import RouterConfig
+from burstsched.config import EndpointConfig, RouterConfig
+from burstsched.discovery import Discovery, build_discovery
 from burstsched.dispatch import (
     Dispatcher,
     Upstream,
@@ -53,6 +53,7 @@ from burstsched.front.limits import BodyDeadlineMiddleware
 from burstsched.front.request import ClientDisconnected, RequestError, parse_request, read_body
 from burstsched.kvcache import KVEventHub, stream_addresses
 from burstsched.pool import CircuitSettings, EndpointPool
+from burstsched.recording import Recorder
 from burstsched.scheduling import Scheduler, build_scheduler
 from burstsched.telemetry import RequestTrace, Tracing, resolve_tracing
 from burstsched.telemetry.metrics import CONTENT_TYPE, RouterMetrics
@@ -81,13 +82,18 @@ class Router:
     tokenizer: PromptTokenizer | None = None
     """Turns prompts into the engine's token ids for the precise prefix index (None: not used)."""
     hub: KVEventHub | None = None
+    clock: Clock = time.monotonic
+    discovery_source: str = "static"
+    recorder: Recorder | None = None
+    """Traffic recording (``recording:``): one line per dispatched request (None: off)."""
 
     async def handle_completion(
         self, api: ApiKind, scope: Scope, receive: Receive, send: Send, trace: RequestTrace | None = None
     ) -> None:
         """Read, validate, schedule and proxy one chat or completions request (``trace``: its spans)."""
+        arrived = time.monotonic()
         client_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        header_map = {k.decode("latin-1"): v.decode("latin-1") for k, v in client_headers}
+        header_map = _wanted_headers(client_headers)
         request_timeout_ms = self.config.limits.request_timeout_ms
         deadline = None
         if request_timeout_ms is not None:
@@ -108,7 +114,7 @@ class Router:
             response = error_response(exc.status, exc.message, param=exc.param, code=exc.code)
             await response(scope, receive, send)
             return
-        request_id = header_map.get("x-request-id") or uuid.uuid4().hex
+        request_id = header_map.get("x-request-id") or os.urandom(16).hex()  # as random as uuid4().hex
         token_ids = await self._token_ids(api, parsed.payload)
         request = parsed.to_sched_request(request_id, model, self.config.prefix_hashing, token_ids)
         if trace is not None:
@@ -121,7 +127,7 @@ class Router:
         if trace is not None:
             trace.admission_started()
         try:
-            admitted = await self.admission.admit(request)
+            admitted = await self.admission.admit(request, candidates)
         except AdmissionQueueFull as exc:
             self.metrics.request_done(None, "throttled")
             retry = {"Retry-After": str(exc.retry_after_s)}
@@ -140,7 +146,7 @@ class Router:
         prefill_cap = None
         if str(admitted.role) == "member":  # its group's prefix is computed once, by the group's first
             prefill_cap = max(0, request.prompt_tokens - admitted.shared_blocks * request.block_tokens)
-        await self.dispatcher.forward(
+        served = await self.dispatcher.forward(
             parsed,
             request,
             decision,
@@ -151,6 +157,8 @@ class Router:
             deadline=deadline,
             prefill_cap=prefill_cap,
         )
+        if self.recorder is not None:  # recording: one tuple queued, the line is built off the loop
+            self.recorder.record(arrived, parsed, request, admitted, served)
 
     async def _token_ids(self, api: ApiKind, payload: dict[str, Any]) -> tuple[int, ...] | None:
         """The prompt's engine token ids; None (the approximate index decides) when they cannot be exact."""
@@ -176,6 +184,14 @@ class Router:
                 404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
             )
         return model
+
+
+_WANTED_HEADERS = frozenset({b"content-length", b"x-request-id"})
+
+
+def _wanted_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request headers the router itself reads (the rest go upstream untouched)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in _WANTED_HEADERS}
 
 
 def _router(scope: Scope) -> Router:
@@ -215,6 +231,28 @@ async def _ready(request: Request) -> Response:
 
 async def _metrics(request: Request) -> Response:
     return Response(_router(request.scope).metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _endpoints(request: Request) -> Response:
+    """The pool's members: state (joining, healthy, unhealthy, draining), url, source, since (epoch s)."""
+    router = _router(request.scope)
+    now_wall, now = time.time(), router.clock()
+    return JSONResponse(
+        {
+            "discovery": router.discovery_source,
+            "endpoints": [
+                {
+                    "name": s.name,
+                    "url": s.url,
+                    "state": s.state,
+                    "source": s.source,
+                    "since": round(now_wall - (now - s.since), 3),
+                    "in_flight": s.in_flight,
+                }
+                for s in router.pool.statuses()
+            ],
+        }
+    )
 
 
 async def _reset(request: Request) -> Response:
@@ -292,13 +330,15 @@ def create_app(
     upstream: Upstream | None = None,
     clock: Clock = time.monotonic,
     rng: random.Random | None = None,
+    discovery: Discovery | None = None,
 ) -> Starlette:
     """The router as an ASGI app; its lifespan builds the scheduler, the upstream client and the pool.
 
     ``registry`` defaults to the installed plugins; ``upstream`` replaces the upstream client for every
     request to the replicas (default: an :class:`UpstreamClient` the lifespan opens and closes; tests pass
     e.g. an :class:`~burstsched.dispatch.HttpxUpstream` over ``httpx.MockTransport``);
-    ``clock`` (monotonic seconds) and ``rng`` drive staleness and the pickers' randomness.
+    ``clock`` (monotonic seconds) and ``rng`` drive staleness and the pickers' randomness; ``discovery``
+    replaces the source the config's ``discovery`` section names (tests inject a resolver this way).
     """
     registry = registry if registry is not None else PluginRegistry.discover()
     rng = rng if rng is not None else random.Random()
@@ -313,6 +353,8 @@ def create_app(
         circuit.failure_threshold, circuit.open_ms / 1000, max(circuit.open_ms, circuit.max_open_ms) / 1000
     )
     first_byte_ms = config.dispatch.timeouts.first_byte_ms
+    source = discovery if discovery is not None else build_discovery(config)
+    dynamic = source.source != "static"
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -349,17 +391,25 @@ def create_app(
                 if hub is not None:
                     hub.endpoint_down(name)
 
+            def endpoint_removed(name: str) -> None:
+                scheduler.forget_endpoint(name)
+                if hub is not None:
+                    hub.remove_endpoint(name)
+
             pool = EndpointPool(
-                config.endpoints,
+                [] if dynamic else config.endpoints,
                 config.pool,
                 getter(control_io),
                 clock=clock,
                 models=config.models,
                 circuit=circuit_settings,
                 on_down=endpoint_down,
+                on_removed=endpoint_removed,
+                on_change=metrics.discovery_change,
             )
             tokenizer = _prompt_tokenizer(config, bool(consumers), control_io, pool)
             metrics.watch_endpoints(pool.snapshots)
+            metrics.watch_discovery(lambda: [s.state for s in pool.statuses()])
             metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
             loop = asyncio.get_running_loop()
             runtime = metrics.watch_runtime(lambda: len(asyncio.all_tasks(loop)))
@@ -372,17 +422,38 @@ def create_app(
                 timeouts=upstream_timeouts,
                 first_byte_timeout_s=None if first_byte_ms is None else first_byte_ms / 1000.0,
                 drainer=drainer,
+                keep_response_tail=config.recording.enabled,
             )
+            recorder = None
+            if config.recording.enabled:
+                recorder = Recorder(config.recording, config.prefix_hashing).start()
+                resources.push_async_callback(anyio.to_thread.run_sync, recorder.close)
             tracing = Tracing(tracing_settings) if tracing_settings is not None else None
             admission = Admission(config.admission, scheduler, pool.snapshots)
             app.state.router = Router(
                 config, upstream_io, pool, scheduler, dispatcher, metrics, admission, tracing, tokenizer, hub
             )
+            app.state.router.clock = clock
+            app.state.router.discovery_source = source.source
+
+            def apply(endpoints: list[EndpointConfig]) -> None:
+                pool.sync(endpoints, source=source.source)
+                if hub is not None:
+                    for address in stream_addresses(endpoints, config.kv_events):
+                        hub.add_endpoint(address)
+
+            async def follow_discovery() -> None:
+                async for endpoints in source.endpoint_sets():
+                    apply(endpoints)
+
+            app.state.router.recorder = recorder
             await pool.refresh()
             async with admission, anyio.create_task_group() as tg:
                 if hub is not None:
-                    await tg.start(hub.run)
+                    await tg.start(partial(hub.run, dynamic=dynamic))
                 tg.start_soon(pool.run)
+                if dynamic:
+                    tg.start_soon(follow_discovery, name="burstsched-discovery")
                 tg.start_soon(runtime.sampler.run, name="burstsched-loop-lag")
                 try:
                     yield
@@ -399,6 +470,7 @@ def create_app(
         Route("/ready", _ready, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/admin/reset", _reset, methods=["POST"]),
+        Route("/admin/endpoints", _endpoints, methods=["GET"]),
     ]
     body_timeout_s = config.limits.body_timeout_ms / 1000.0
     middleware = [

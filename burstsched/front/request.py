@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from starlette.types import Receive
 
 from burstsched.config import PrefixHashingConfig
@@ -77,15 +78,17 @@ class ParsedRequest:
 
 
 DISCARD_BYTES = 64 * 1024 * 1024
-"""How much of a body over the limit is still read (and dropped) before the 413 goes out."""
+"""How much of a body over the limit is still read (and dropped) before the 413 goes out ..."""
+DISCARD_S = 1.0
+"""... and for how long at most (a client that declared a huge body and waits gets its 413 after this)."""
 
 
 async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
     """The whole request body; :class:`RequestError` 413 past ``limit`` bytes.
 
-    Before a 413 the rest of the body is read and dropped (up to ``DISCARD_BYTES``, within the body
-    deadline): a client still sending would otherwise have its connection reset by the close that
-    follows the answer, and lose the 413 with it.
+    Before a 413 the rest of the body is read and dropped (up to ``DISCARD_BYTES`` for ``DISCARD_S``): a
+    client still sending would otherwise have its connection reset by the close that follows the answer,
+    and lose the 413 with it.
     """
     declared = headers.get("content-length")
     if declared is not None:
@@ -117,14 +120,15 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
 
 
 async def _discard(receive: Receive, budget: int) -> None:
-    """Read and drop the rest of a body, at most ``budget`` more bytes."""
-    while budget > 0:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        budget -= len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
+    """Read and drop the rest of a body: at most ``budget`` more bytes, for at most ``DISCARD_S``."""
+    with anyio.move_on_after(DISCARD_S):
+        while budget > 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            budget -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 def _too_large(limit: int) -> RequestError:

@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest
 
-from burstsched.config import LimitsConfig
+from burstsched.config import LimitsConfig, MetricsConfig
 from burstsched.server.serve import RunningRouter, running_router
 from burstsched.sim import Faults
 from burstsched.testing.replicas import LONG_ANSWER, MODEL, Replica, gated_replica, sim_replicas
@@ -30,7 +30,9 @@ async def replicas() -> AsyncIterator[list[Replica]]:
 @pytest.fixture
 async def router(replicas: list[Replica]) -> AsyncIterator[RunningRouter]:
     config = router_config(
-        [(r.name, r.url) for r in replicas], limits=LimitsConfig(max_body_bytes=1024 * 1024)
+        [(r.name, r.url) for r in replicas],
+        limits=LimitsConfig(max_body_bytes=1024 * 1024),
+        metrics=MetricsConfig(timing_every=1),  # every scheduling cycle timed: the metric counts are exact
     )
     async with running_router(config) as running:
         yield running
