@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from burstsched.config.admission import AdmissionConfig
 from burstsched.config.kv_events import KVEventsConfig, check_zmq_address
@@ -113,6 +113,57 @@ class PoolConfig(StrictModel):
         "unhealthy; a refused connection marks it unhealthy at once. An unhealthy endpoint leaves scheduling "
         "and its prefix-index entries are dropped.",
     )
+
+
+class DiscoveryConfig(StrictModel):
+    """Where the endpoints come from: the static list (``endpoints``), a DNS name re-resolved on an interval
+    (a headless Service), or the Kubernetes API (a Service's EndpointSlices, or Pods by label selector).
+
+    Discovered endpoints join unhealthy and take traffic after their first successful health check and
+    scrape; leaving ones drain (no new requests, in-flight ones finish) before they go.
+    """
+
+    kind: Literal["static", "dns", "kubernetes"] = Field(
+        default="static",
+        description="static: the endpoints list; dns: resolve host; kubernetes: watch the API.",
+    )
+    interval_ms: float = Field(default=5000.0, gt=0, description="dns: period of the re-resolution of host.")
+    host: str | None = Field(
+        default=None, min_length=1, description="dns: the name to resolve (A/AAAA), e.g. a headless Service."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="The replicas' HTTP port (dns, kubernetes).")
+    scheme: Literal["http", "https"] = Field(default="http", description="The replicas' URL scheme.")
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        description="kubernetes: the namespace to watch (default: the pod's own, else 'default').",
+    )
+    service: str | None = Field(
+        default=None,
+        min_length=1,
+        description="kubernetes: watch this Service's EndpointSlices (label kubernetes.io/service-name).",
+    )
+    selector: dict[str, str] | None = Field(
+        default=None, description="kubernetes: watch the Pods with these labels (instead of a service)."
+    )
+    api_url: str | None = Field(
+        default=None,
+        description="kubernetes: the API server's URL; default: in-cluster config in a pod, else kubeconfig.",
+    )
+    kubeconfig: str | None = Field(
+        default=None, description="kubernetes: a kubeconfig file (default: KUBECONFIG or ~/.kube/config)."
+    )
+    watch_timeout_s: int = Field(
+        default=300, ge=1, description="kubernetes: server-side timeout of one watch request."
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> DiscoveryConfig:
+        if self.kind == "dns" and self.host is None:
+            raise ValueError("discovery.kind dns needs host")
+        if self.kind == "kubernetes" and (self.service is None) == (self.selector is None):
+            raise ValueError("discovery.kind kubernetes needs exactly one of service or selector")
+        return self
 
 
 class TimeoutsConfig(StrictModel):
@@ -377,6 +428,32 @@ class MetricsConfig(StrictModel):
     )
 
 
+class RecordingConfig(StrictModel):
+    """Traffic recording: one JSONL line per dispatched request (its shape, never its text unless asked),
+    for ``burstsched replay``. The line format is documented in burstsched/recording/README.md."""
+
+    enabled: bool = Field(default=False, description="Append one line per dispatched request to `path`.")
+    path: str = Field(
+        default="burstsched-trace.jsonl", min_length=1, description="The JSONL file (rotated by size)."
+    )
+    max_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=4096,
+        description="Rotate the file once it is at least this large: path becomes path.1, path.1 path.2...",
+    )
+    backups: int = Field(
+        default=3, ge=0, description="Rotated files kept (0: the file is truncated instead)."
+    )
+    include_text: bool = Field(
+        default=False, description="Also record each prompt's messages or prompt text (off: hashes only)."
+    )
+    flush_interval_ms: float = Field(
+        default=200.0,
+        gt=0,
+        description="How often the writer thread encodes and writes the buffered lines.",
+    )
+
+
 class RouterConfig(StrictModel):
     """The whole configuration of one router process."""
 
@@ -388,6 +465,11 @@ class RouterConfig(StrictModel):
         description="Model names served through the router; empty: the names the replicas report.",
     )
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    discovery: DiscoveryConfig = Field(
+        default_factory=DiscoveryConfig,
+        description="Where the endpoints come from (static list, DNS or Kubernetes); pool.selector, when set, "
+        "means kubernetes discovery of the pods with those labels.",
+    )
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
@@ -402,6 +484,9 @@ class RouterConfig(StrictModel):
     tokenizer: TokenizerConfig = Field(
         default_factory=TokenizerConfig,
         description="Tokenizing prompts exactly as vLLM does, for precise prefix matching on KV events.",
+    )
+    recording: RecordingConfig = Field(
+        default_factory=RecordingConfig, description="Recording traffic's shape for `burstsched replay`."
     )
 
     def with_endpoints(self, endpoints: list[EndpointConfig]) -> RouterConfig:

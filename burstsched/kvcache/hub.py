@@ -72,40 +72,78 @@ class KVEventHub:
         self._observer = observer
         self._wall_clock = wall_clock
         self._streams: dict[str, EventStream] = {}
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._context: zmq.asyncio.Context | None = None
 
     def stream(self, endpoint: str) -> EventStream | None:
         return self._streams.get(endpoint)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Follow every stream until cancelled; tells the consumers when each starts and stops."""
-        if not self._addresses or not self._consumers:
+    async def run(
+        self, *, dynamic: bool = False, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Follow every stream until cancelled; tells the consumers when each starts and stops.
+
+        With ``dynamic``, it keeps running with no stream, for :meth:`add_endpoint` (discovery)."""
+        if not self._consumers or (not self._addresses and not dynamic):
             task_status.started()
             return
         context = zmq.asyncio.Context()
+        self._context = context
         try:
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 for address in self._addresses:
-                    stream = EventStream(
-                        address.endpoint,
-                        address.events,
-                        self,
-                        context,
-                        replay_address=address.replay,
-                        topic=self._topic,
-                        replay_timeout_s=self._replay_timeout_s,
-                    )
-                    self._streams[address.endpoint] = stream
-                    for consumer in self._consumers:
-                        consumer.on_kv_stream_live(address.endpoint)
-                    tg.start_soon(stream.run)
-                    log.info("following KV events of %s at %s", address.endpoint, address.events)
+                    self.add_endpoint(address)
                 task_status.started()
+                if dynamic:
+                    await anyio.sleep_forever()
         finally:
+            self._tg = None
+            self._context = None
             for endpoint in self._streams:
                 for consumer in self._consumers:
                     consumer.on_kv_stream_closed(endpoint)
             self._streams.clear()
+            self._scopes.clear()
             context.term()
+
+    def add_endpoint(self, address: StreamAddress) -> None:
+        """Follow one more endpoint's stream (while :meth:`run` runs); one already followed is left as is."""
+        if self._tg is None or self._context is None or address.endpoint in self._streams:
+            return
+        stream = EventStream(
+            address.endpoint,
+            address.events,
+            self,
+            self._context,
+            replay_address=address.replay,
+            topic=self._topic,
+            replay_timeout_s=self._replay_timeout_s,
+        )
+        self._streams[address.endpoint] = stream
+        scope = anyio.CancelScope()
+        self._scopes[address.endpoint] = scope
+        for consumer in self._consumers:
+            consumer.on_kv_stream_live(address.endpoint)
+        self._tg.start_soon(self._follow, stream, scope)
+        log.info("following KV events of %s at %s", address.endpoint, address.events)
+
+    @staticmethod
+    async def _follow(stream: EventStream, scope: anyio.CancelScope) -> None:
+        with scope:
+            await stream.run()
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Stop following ``endpoint`` (it left the pool); the consumers are told its stream closed."""
+        scope = self._scopes.pop(endpoint, None)
+        if self._streams.pop(endpoint, None) is None:
+            return
+        if scope is not None:
+            scope.cancel()
+        for consumer in self._consumers:
+            consumer.on_kv_stream_closed(endpoint)
+        log.info("stopped following KV events of %s", endpoint)
 
     def endpoint_down(self, endpoint: str) -> None:
         """``endpoint`` failed its checks: whatever comes next from it starts a new sequence."""

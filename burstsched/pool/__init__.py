@@ -1,7 +1,13 @@
 """The endpoint pool: scraping, health and in-flight counts of the replicas."""
 
 from burstsched.pool.circuit import CircuitBreaker, CircuitSettings, CircuitState
-from burstsched.pool.pool import FAILURES_BEFORE_UNHEALTHY, EndpointPool, Fetch, UnknownEndpointError
+from burstsched.pool.pool import (
+    FAILURES_BEFORE_UNHEALTHY,
+    EndpointPool,
+    EndpointStatus,
+    Fetch,
+    UnknownEndpointError,
+)
 from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMetrics, parse_vllm_metrics
 
 __all__ = [
@@ -10,6 +16,7 @@ __all__ = [
     "CircuitState",
     "FAILURES_BEFORE_UNHEALTHY",
     "EndpointPool",
+    "EndpointStatus",
     "Fetch",
     "MetricsFormatError",
     "MetricsParser",

@@ -54,6 +54,42 @@ class _EndpointState:
     card_ids: frozenset[str] | None = None
     parser: MetricsParser = field(default_factory=MetricsParser)
     circuit: CircuitBreaker | None = None
+    source: str = "static"
+    joining: bool = False
+    """Added while running: not schedulable until a health check and a scrape both succeed."""
+    draining: bool = False
+    """Removed: takes no new requests; goes when its in-flight ones are over."""
+    since: float = 0.0
+    """When it entered its current state (joining, healthy, unhealthy, draining), on the pool's clock."""
+    scope: anyio.CancelScope | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.healthy and not self.draining
+
+    @property
+    def phase(self) -> str:
+        if self.draining:
+            return "draining"
+        if self.joining:
+            return "joining"
+        return "healthy" if self.healthy else "unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStatus:
+    """One endpoint as ``/admin/endpoints`` shows it."""
+
+    name: str
+    url: str
+    state: str
+    source: str
+    since: float
+    in_flight: int
+
+
+_RETIRED_KEPT = 256
+"""Removed endpoints remembered, so late calls for a request sent just before the removal still land."""
 
 
 class UnknownEndpointError(KeyError):
@@ -74,13 +110,22 @@ class EndpointPool:
         models: Sequence[str] = (),
         circuit: CircuitSettings | None = None,
         on_down: Callable[[str], None] | None = None,
+        on_removed: Callable[[str], None] | None = None,
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         settings = circuit if circuit is not None else CircuitSettings()
+        self._circuit_settings = settings
         self._states = {
-            e.endpoint_name: _EndpointState(e.endpoint_name, e.url, circuit=CircuitBreaker(settings, clock))
+            e.endpoint_name: _EndpointState(
+                e.endpoint_name, e.url, circuit=CircuitBreaker(settings, clock), since=clock()
+            )
             for e in endpoints
         }
+        self._retired: dict[str, _EndpointState] = {}
         self._on_down = on_down
+        self._on_removed = on_removed
+        self._on_change = on_change
+        self._tg: anyio.abc.TaskGroup | None = None
         self._fetch = fetch
         self._config = config
         self._clock = clock
@@ -92,10 +137,12 @@ class EndpointPool:
         return list(self._states)
 
     def _state(self, name: str) -> _EndpointState:
-        try:
-            return self._states[name]
-        except KeyError:
-            raise UnknownEndpointError(name) from None
+        state = self._states.get(name)
+        if state is None:
+            state = self._retired.get(name)
+        if state is None:
+            raise UnknownEndpointError(name)
+        return state
 
     def _snapshot(self, state: _EndpointState, now: float) -> EndpointSnapshot:
         metrics = state.metrics
@@ -103,7 +150,7 @@ class EndpointPool:
         return EndpointSnapshot(
             name=state.name,
             url=state.url,
-            healthy=state.healthy and self._circuit(state).admits(),
+            healthy=state.live and self._circuit(state).admits(),
             stale=age > self._staleness,
             metrics_age=age,
             waiting=metrics.waiting,
@@ -129,7 +176,7 @@ class EndpointPool:
         ]
 
     def healthy_count(self) -> int:
-        return sum(1 for state in self._states.values() if state.healthy)
+        return sum(1 for state in self._states.values() if state.live)
 
     # --- models -----------------------------------------------------------------------------------------
 
@@ -150,7 +197,7 @@ class EndpointPool:
             return list(self._configured_models)
         ids: set[str] = set()
         for state in self._states.values():
-            if state.healthy:
+            if state.live:
                 ids |= self._model_ids(state) or frozenset()
         return sorted(ids)
 
@@ -158,7 +205,7 @@ class EndpointPool:
         """``/v1/models`` entries: the replicas' own cards (first seen per id), or minimal ones."""
         cards: dict[str, dict[str, Any]] = {}
         for state in self._states.values():
-            if state.healthy and state.model_cards:
+            if state.live and state.model_cards:
                 for card in state.model_cards:
                     cards.setdefault(str(card.get("id")), card)
         return [
@@ -170,7 +217,7 @@ class EndpointPool:
         """Whether ``model`` is configured, or some endpoint serves it or has not said what it serves."""
         if self._configured_models:
             return model in self._configured_models
-        return any(state.healthy and self._serves(state, model) for state in self._states.values())
+        return any(state.live and self._serves(state, model) for state in self._states.values())
 
     # --- in-flight accounting and passive health ----------------------------------------------------------
 
@@ -191,6 +238,8 @@ class EndpointPool:
         state = self._state(name)
         state.in_flight = max(0, state.in_flight - 1)
         state.queued_prefill = max(0, state.queued_prefill - prefill_tokens)
+        if state.draining and state.in_flight == 0:
+            self._retire(state)
 
     def report_success(self, name: str) -> None:
         state = self._state(name)
@@ -212,7 +261,10 @@ class EndpointPool:
     def begin_attempt(self, name: str) -> CircuitState | None:
         """Claim a dispatch to ``name`` from its circuit: how it was admitted (half-open: as the probe), or
         None when the circuit refuses it now. Pair a claim with :meth:`end_attempt`."""
-        circuit = self._circuit(self._state(name))
+        endpoint = self._state(name)
+        if endpoint.draining:
+            return None  # leaving: tried only when nothing else is left
+        circuit = self._circuit(endpoint)
         state = circuit.state
         return state if circuit.begin() else None
 
@@ -233,6 +285,7 @@ class EndpointPool:
         if not state.healthy:
             return
         state.healthy = False
+        state.since = self._clock()
         log.warning("endpoint %s marked unhealthy after %s", state.name, why)
         if self._on_down is not None:
             self._on_down(state.name)
@@ -250,13 +303,111 @@ class EndpointPool:
         await self.scrape(state.name)
 
     async def run(self) -> None:
-        """Scrape and check every endpoint forever (until cancelled)."""
-        async with anyio.create_task_group() as tg:
-            for state in self._states.values():
+        """Scrape and check every endpoint forever (until cancelled), those added meanwhile too."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for state in list(self._states.values()):
+                    self._start(state)
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+
+    def _start(self, state: _EndpointState) -> None:
+        if self._tg is None:
+            return
+        state.scope = anyio.CancelScope()
+        self._tg.start_soon(self._watch_endpoint, state, state.scope)
+
+    async def _watch_endpoint(self, state: _EndpointState, scope: anyio.CancelScope) -> None:
+        with scope:
+            if state.joining:
+                await self._check_then_scrape(state)
+            async with anyio.create_task_group() as tg:
                 tg.start_soon(self._every, self._config.scrape_interval_ms, self.scrape, state.name)
                 tg.start_soon(
                     self._every, self._config.health_check_interval_ms, self.check_health, state.name
                 )
+
+    # --- membership (discovery) -----------------------------------------------------------------------
+
+    def add(self, endpoint: EndpointConfig, *, source: str = "static") -> bool:
+        """A new endpoint: checked and scraped at once, schedulable once both succeed. A draining one of
+        the same name and URL comes back as it was. Whether anything changed."""
+        name = endpoint.endpoint_name
+        known = self._states.get(name)
+        if known is not None and known.url == endpoint.url:
+            if not known.draining:
+                return False
+            known.draining = False
+            known.since = self._clock()
+            log.info("endpoint %s is back before it drained", name)
+            self._changed("restored")
+            return True
+        if known is not None:  # same name, new address: the old one leaves first
+            self.remove(name)
+            self._retire(known)
+        self._retired.pop(name, None)
+        state = _EndpointState(
+            name,
+            endpoint.url,
+            circuit=CircuitBreaker(self._circuit_settings, self._clock),
+            source=source,
+            joining=True,
+            since=self._clock(),
+        )
+        self._states[name] = state
+        log.info("endpoint %s joins at %s (%s)", name, endpoint.url, source)
+        self._changed("added")
+        self._start(state)
+        return True
+
+    def remove(self, name: str) -> bool:
+        """Stop scheduling to ``name``; it goes (``on_removed``) once its in-flight requests are over."""
+        state = self._states.get(name)
+        if state is None or state.draining:
+            return False
+        state.draining = True
+        state.since = self._clock()
+        log.info("endpoint %s leaves: draining %d in-flight requests", name, state.in_flight)
+        self._changed("removed")
+        if state.in_flight == 0:
+            self._retire(state)
+        return True
+
+    def sync(self, endpoints: Sequence[EndpointConfig], *, source: str) -> None:
+        """Make the pool's members ``endpoints``: the new ones join, the missing ones drain."""
+        wanted = {e.endpoint_name: e for e in endpoints}
+        for name in list(self._states):
+            if name not in wanted:
+                self.remove(name)
+        for endpoint in endpoints:
+            self.add(endpoint, source=source)
+
+    def _retire(self, state: _EndpointState) -> None:
+        if self._states.get(state.name) is not state:
+            return
+        del self._states[state.name]
+        if state.scope is not None:
+            state.scope.cancel()
+        self._retired[state.name] = state
+        while len(self._retired) > _RETIRED_KEPT:
+            del self._retired[next(iter(self._retired))]
+        log.info("endpoint %s drained and removed", state.name)
+        self._changed("drained")
+        if self._on_removed is not None:
+            self._on_removed(state.name)
+
+    def _changed(self, change: str) -> None:
+        if self._on_change is not None:
+            self._on_change(change)
+
+    def statuses(self) -> list[EndpointStatus]:
+        """Every member with its state (joining, healthy, unhealthy, draining), sorted by name."""
+        return [
+            EndpointStatus(s.name, s.url, s.phase, s.source, s.since, s.in_flight)
+            for s in sorted(self._states.values(), key=lambda s: s.name)
+        ]
 
     @staticmethod
     async def _every(interval_ms: float, action: Callable[[str], Any], name: str) -> None:
@@ -300,6 +451,9 @@ class EndpointPool:
             healthy, refused = False, True
         except httpx.HTTPError:
             healthy = False
+        if healthy and state.joining and state.last_scrape == -math.inf:
+            await self.scrape(name)  # a joining endpoint takes traffic only once its figures are known
+            healthy = state.last_scrape > -math.inf
         if not healthy:
             state.failed_checks += 1
             if refused or state.failed_checks >= self._config.failed_checks_before_down:
@@ -307,7 +461,9 @@ class EndpointPool:
             return
         if not state.healthy:
             log.info("endpoint %s is healthy", name)
+            state.since = self._clock()
         state.healthy = True
+        state.joining = False
         state.failures = 0
         state.failed_checks = 0
         cards = await self._fetch_models(state.url, timeout_s=timeout)
