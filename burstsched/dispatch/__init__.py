@@ -7,7 +7,7 @@ from burstsched.dispatch.headers import (
     client_response_headers,
     upstream_request_headers,
 )
-from burstsched.dispatch.proxy import DONE_EVENT, Dispatcher
+from burstsched.dispatch.proxy import DONE_EVENT, Dispatcher, Served
 from burstsched.dispatch.upstream import HttpxUpstream, Timeouts, Upstream, UpstreamResponse, getter, poster
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "ENDPOINT_HEADER",
     "Dispatcher",
     "HttpxUpstream",
+    "Served",
     "Timeouts",
     "Upstream",
     "UpstreamClient",

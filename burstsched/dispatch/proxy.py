@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +28,7 @@ from burstsched.dispatch.upstream import Upstream, UpstreamResponse
 from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, uncached_tokens
 from burstsched.pool import CircuitState, EndpointPool
 from burstsched.telemetry.metrics import RouterMetrics
+from burstsched.telemetry.usage import StreamTail
 from burstsched.wire.errors import error_body, sse_error_event
 
 if TYPE_CHECKING:
@@ -55,6 +57,21 @@ class ParsedRequest(Protocol):
 
 DispatchHookFn = Callable[[SchedRequest, EndpointSnapshot], None]
 
+RESPONSE_TAIL_BYTES = 2048
+"""How much of a stream's end a :class:`Served` keeps (``keep_response_tail``): its usage chunk."""
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """How a request was served, for the traffic recorder (:mod:`burstsched.recording`)."""
+
+    endpoint: str | None
+    outcome: str
+    first_byte_at: float | None
+    """``time.monotonic()`` when the response's head (a stream: its first chunk) went to the client."""
+    response_tail: bytes = b""
+    """A JSON response's body or a stream's last bytes (``keep_response_tail`` only; parsed off the loop)."""
+
 
 @dataclass(slots=True)
 class _Exchange:
@@ -77,6 +94,8 @@ class _Exchange:
     queued_prefill: int = 0
     """Prompt tokens the current attempt's endpoint is expected to compute before its first token, counted
     in the pool's ledger until the first token (or the end of the attempt)."""
+    first_byte_at: float | None = None
+    response_tail: bytes = b""
 
 
 class _AttemptFailed(Exception):
@@ -107,6 +126,7 @@ class Dispatcher:
         timeouts: httpx.Timeout,
         first_byte_timeout_s: float | None = None,
         drainer: Drainer | None = None,
+        keep_response_tail: bool = False,
     ) -> None:
         self._upstream = upstream
         self._pool = pool
@@ -116,6 +136,7 @@ class Dispatcher:
         self._timeouts = timeouts.as_dict()
         self._first_byte_timeout = first_byte_timeout_s
         self._drainer = drainer
+        self._keep_tail = keep_response_tail
 
     async def forward(
         self,
@@ -129,7 +150,7 @@ class Dispatcher:
         trace: RequestTrace | None = None,
         deadline: float | None = None,
         prefill_cap: int | None = None,
-    ) -> None:
+    ) -> Served:
         """Serve the client from the best endpoint that answers; never raises for upstream failures.
 
         Each attempt counts the prompt tokens its endpoint must compute (from the decision's prefix match,
@@ -172,6 +193,7 @@ class Dispatcher:
             self._metrics.request_done(exchange.endpoint, exchange.outcome)
             if trace is not None:
                 trace.served(exchange.endpoint, exchange.outcome)
+        return Served(exchange.endpoint, exchange.outcome, exchange.first_byte_at, exchange.response_tail)
 
     def _track(self, guard: asyncio.Timeout, exchange: _Exchange) -> Callable[[], None]:
         """Register the request with the drainer: its abort expires ``guard`` now."""
@@ -320,6 +342,9 @@ class Dispatcher:
                 prefix=exchange.prefix,
             )
             exchange.started = True
+            exchange.first_byte_at = time.monotonic()
+            if self._keep_tail:
+                exchange.response_tail = body
             await send({"type": "http.response.start", "status": status, "headers": response_headers})
             await send({"type": "http.response.body", "body": body, "more_body": False})
         finally:
@@ -337,6 +362,8 @@ class Dispatcher:
         )
         exchange.outcome = "stream_error"
         exchange.started = True
+        exchange.first_byte_at = time.monotonic()
+        kept = StreamTail(RESPONSE_TAIL_BYTES) if self._keep_tail else None
         await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
         is_sse = any(
             k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in upstream.headers
@@ -352,6 +379,8 @@ class Dispatcher:
                         span.chunk(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     tail = (tail + chunk)[-32:]
+                    if kept is not None:
+                        kept.add(chunk)
                 chunk = await anext(chunks, None)
         except httpx.HTTPError as exc:
             failure = f"upstream {name} failed mid-stream: {type(exc).__name__}"
@@ -376,6 +405,8 @@ class Dispatcher:
             return
         exchange.outcome = "ok"
         exchange.complete = True
+        if kept is not None:
+            exchange.response_tail = kept.value()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _first_chunk(self, chunks: AsyncIterator[bytes], name: str) -> bytes:

@@ -1,0 +1,174 @@
+"""The traffic recorder: the event loop appends one tuple per request; a writer thread builds the lines.
+
+:meth:`Recorder.record` is the only call on a request's path: it appends the request's objects (already
+built for serving it) to a deque, no encoding, no lock, no I/O. Every ``flush_interval_ms`` the writer
+thread drains the deque, builds each line (hex chain, usage read from the response's tail, text when
+asked) and appends them to the rotating file in one write. The deque is unbounded: a burst is never
+dropped, it waits for the next flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from burstsched.admission import Admitted
+from burstsched.config import PrefixHashingConfig, RecordingConfig
+from burstsched.dispatch import Served
+from burstsched.framework import ApiKind, SchedRequest
+from burstsched.recording.line import (
+    LINE_VERSION,
+    encode,
+    hex_chain,
+    max_tokens_of,
+    ms,
+    prompt_text_of,
+    usage_of,
+)
+from burstsched.recording.writer import RotatingFile
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class RecordedRequest(Protocol):
+    """What the recorder reads of a client request (the front's ``ParsedRequest``)."""
+
+    @property
+    def api(self) -> ApiKind: ...
+
+    @property
+    def payload(self) -> dict[str, Any]: ...
+
+    @property
+    def stream(self) -> bool: ...
+
+
+_Entry = tuple[float, float, RecordedRequest, SchedRequest, Admitted, Served]
+
+
+class Recorder:
+    """Records dispatched requests as JSON lines; :meth:`start` and :meth:`close` bracket its thread.
+
+    ``clock`` is the monotonic clock the request's times come from (``arrived`` and the dispatcher's
+    ``first_byte_at``); ``wall_clock`` turns them into Unix times for the file.
+    """
+
+    def __init__(
+        self,
+        settings: RecordingConfig,
+        hashing: PrefixHashingConfig,
+        *,
+        clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
+    ) -> None:
+        self._settings = settings
+        self._bytes_per_token = hashing.bytes_per_token
+        self._clock = clock
+        self._wall_offset = wall_clock() - clock()
+        self._pending: deque[_Entry] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._file: RotatingFile | None = None
+        self.written = 0
+        self.failed = 0
+
+    # -- the request path ------------------------------------------------------------------------
+    def record(
+        self,
+        arrived: float,
+        parsed: RecordedRequest,
+        request: SchedRequest,
+        admitted: Admitted,
+        served: Served,
+    ) -> None:
+        """Queue one finished request (``arrived``: ``clock()`` when it came in). Never blocks."""
+        self._pending.append((arrived, self._clock(), parsed, request, admitted, served))
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> Recorder:
+        s = self._settings
+        self._file = RotatingFile(s.path, s.max_bytes, s.backups)
+        self._thread = threading.Thread(target=self._run, name="burstsched-recorder", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Write what is queued, stop the thread, close the file (blocking: call it from a thread)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # -- the writer thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        interval = self._settings.flush_interval_ms / 1000.0
+        while not self._stop.wait(interval):
+            self.flush()
+
+    def flush(self) -> None:
+        """Encode and write every queued entry (the writer thread; tests may call it)."""
+        chunks: list[bytes] = []
+        pending = self._pending
+        while pending:
+            entry = pending.popleft()
+            try:
+                chunks.append(encode(self.line(entry)))
+            except Exception:  # a malformed entry must not stop the recorder
+                self.failed += 1
+                log.exception("could not encode a recorded request")
+        if not chunks or self._file is None:
+            return
+        try:
+            self._file.write(b"".join(chunks))
+            self.written += len(chunks)
+        except OSError as exc:
+            self.failed += len(chunks)
+            log.warning("recording: could not write %d lines to %s: %s", len(chunks), self._file.path, exc)
+
+    def line(self, entry: _Entry) -> dict[str, Any]:
+        """The JSON object of one recorded request (schema: the package's README)."""
+        arrived, ended, parsed, request, admitted, served = entry
+        usage = usage_of(served.response_tail)
+        first = served.first_byte_at
+        line: dict[str, Any] = {
+            "v": LINE_VERSION,
+            "t": round(arrived + self._wall_offset, 6),
+            "id": request.request_id,
+            "api": str(parsed.api),
+            "model": request.model,
+            "stream": parsed.stream,
+            "block_tokens": request.block_tokens,
+            "bytes_per_token": self._bytes_per_token,
+            "blocks": hex_chain(request.block_hashes),
+            "prompt_tokens": request.prompt_tokens,
+            "input_tokens": usage.input_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "max_tokens": max_tokens_of(parsed.payload),
+            "output_tokens": usage.output_tokens,
+            "window": admitted.window_id,
+            "group": admitted.group_id,
+            "role": str(admitted.role),
+            "group_size": admitted.group_size,
+            "waited_ms": ms(admitted.waited_s),
+            "endpoint": served.endpoint,
+            "outcome": served.outcome,
+            "ttft_ms": None if first is None else ms(first - arrived),
+            "e2e_ms": ms(ended - arrived),
+        }
+        if self._settings.include_text:
+            line["text"] = prompt_text_of(parsed.payload)
+        return line

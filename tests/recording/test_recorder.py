@@ -1,0 +1,126 @@
+"""The recorder on its own: lines and their fields, no text unless asked, rotation, bursts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from burstsched.admission import Admitted, Role
+from burstsched.config import PrefixHashingConfig, RecordingConfig
+from burstsched.dispatch import Served
+from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, ScoredEndpoint
+from burstsched.recording import LINE_VERSION, Recorder, RotatingFile, parse_chain, usage_of
+
+EXPECTED_FIELDS = {
+    "v", "t", "id", "api", "model", "stream", "block_tokens", "bytes_per_token", "blocks", "prompt_tokens",
+    "input_tokens", "cached_tokens", "max_tokens", "output_tokens", "window", "group", "role",
+    "group_size", "waited_ms", "endpoint", "outcome", "ttft_ms", "e2e_ms",
+}  # fmt: skip
+
+STREAM_TAIL = (
+    b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":" x"},"finish_reason":"length"}]}\n\n'
+    b'data: {"id":"c1","choices":[],"usage":{"prompt_tokens":812,"total_tokens":820,'
+    b'"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":640}}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+class _Parsed:
+    def __init__(self, payload: dict[str, Any], stream: bool = True) -> None:
+        self.api = ApiKind.CHAT
+        self.payload = payload
+        self.stream = stream
+
+
+def _admitted() -> Admitted:
+    decision = Decision(ranked=(ScoredEndpoint(EndpointSnapshot(name="e0", url="http://e0")),))
+    return Admitted(decision, 3, "3.0", Role.LEADER, 2, 4, 0.004)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _recorder(tmp_path: Path, clock: _Clock | None = None, **settings: Any) -> Recorder:
+    config = RecordingConfig(enabled=True, path=str(tmp_path / "trace.jsonl"), **settings)
+    return Recorder(
+        config, PrefixHashingConfig(), clock=clock or _Clock(), wall_clock=lambda: 1_700_000_000.0
+    )
+
+
+def _record(recorder: Recorder, index: int = 0, arrived: float = 99.5) -> None:
+    chain = (2**64 - 1, 12345, 2**53 + 1)
+    request = SchedRequest(f"r{index}", "m", ApiKind.CHAT, True, chain, 64, 812)
+    payload = {"messages": [{"role": "user", "content": "secret prompt"}], "max_tokens": 8}
+    served = Served("e0", "ok", 99.75, STREAM_TAIL)
+    recorder.record(arrived, _Parsed(payload), request, _admitted(), served)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_line_holds_the_documented_fields_and_no_text(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path).start()
+    _record(recorder)
+    recorder.close()
+    [line] = _lines(tmp_path / "trace.jsonl")
+    assert set(line) == EXPECTED_FIELDS
+    assert line["v"] == LINE_VERSION
+    assert line["t"] == pytest.approx(1_700_000_000.0 - 0.5)
+    assert parse_chain(line["blocks"]) == (2**64 - 1, 12345, 2**53 + 1)
+    assert (line["input_tokens"], line["output_tokens"], line["cached_tokens"]) == (812, 8, 640)
+    assert (line["max_tokens"], line["stream"], line["api"]) == (8, True, "chat")
+    assert (line["window"], line["group"], line["role"], line["group_size"]) == (3, "3.0", "leader", 2)
+    assert line["endpoint"] == "e0"
+    assert line["ttft_ms"] == pytest.approx(250.0)
+    assert line["e2e_ms"] == pytest.approx(500.0)
+    assert "secret" not in (tmp_path / "trace.jsonl").read_text()
+
+
+def test_text_is_recorded_only_when_asked(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path, include_text=True).start()
+    _record(recorder)
+    recorder.close()
+    [line] = _lines(tmp_path / "trace.jsonl")
+    assert line["text"] == [{"role": "user", "content": "secret prompt"}]
+
+
+def test_usage_is_read_from_a_json_body_and_missing_usage_is_null() -> None:
+    body = b'{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}'
+    usage = usage_of(body)
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (5, 3, None)
+    assert usage_of(b"data: [DONE]\n\n").output_tokens is None
+
+
+def test_the_file_rotates_by_size_and_keeps_its_backups(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    rotating = RotatingFile(path, max_bytes=4096, backups=2)
+    line = b"x" * 1023 + b"\n"
+    for _ in range(20):
+        rotating.write(line)
+    rotating.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["t.jsonl", "t.jsonl.1", "t.jsonl.2"]
+    for name in names:
+        content = (tmp_path / name).read_bytes()
+        assert len(content) <= 4096 and content.endswith(b"\n")
+    assert rotating.rotations == 4
+
+
+def test_a_burst_is_queued_without_blocking_and_every_line_is_written(tmp_path: Path) -> None:
+    recorder = _recorder(tmp_path, flush_interval_ms=10_000).start()  # the thread will not flush by itself
+    for index in range(20_000):
+        _record(recorder, index)
+    assert recorder.pending == 20_000  # record() only queued them
+    recorder.close()
+    lines = _lines(tmp_path / "trace.jsonl")
+    assert [line["id"] for line in lines] == [f"r{i}" for i in range(20_000)]
+    assert recorder.written == 20_000 and recorder.failed == 0
