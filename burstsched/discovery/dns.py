@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import anyio
 
@@ -54,7 +54,7 @@ class DnsDiscovery:
             for a in sorted(set(addresses))
         ]
 
-    async def endpoint_sets(self) -> AsyncIterator[list[EndpointConfig]]:
+    async def endpoint_sets(self) -> AsyncGenerator[list[EndpointConfig], None]:
         last: frozenset[tuple[str, str]] | None = None
         while True:
             try:

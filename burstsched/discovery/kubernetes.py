@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,7 @@ class KubernetesDiscovery:
         elif kind in ("ADDED", "MODIFIED"):
             self._objects[name] = self._endpoints_of(obj)
 
-    async def endpoint_sets(self) -> AsyncIterator[list[EndpointConfig]]:
+    async def endpoint_sets(self) -> AsyncGenerator[list[EndpointConfig], None]:
         api = await self._open_api()
         last: frozenset[tuple[str, str]] | None = None
         backoff = self._min_backoff_s

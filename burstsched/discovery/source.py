@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -17,7 +17,7 @@ class Discovery(Protocol):
 
     source: str
 
-    def endpoint_sets(self) -> AsyncIterator[list[EndpointConfig]]:
+    def endpoint_sets(self) -> AsyncGenerator[list[EndpointConfig], None]:
         """The whole current set, first as soon as it is known, then again after each change (forever)."""
         ...
 
@@ -50,6 +50,6 @@ class StaticDiscovery:
     def __init__(self, endpoints: Iterable[EndpointConfig]) -> None:
         self._endpoints = list(endpoints)
 
-    async def endpoint_sets(self) -> AsyncIterator[list[EndpointConfig]]:
+    async def endpoint_sets(self) -> AsyncGenerator[list[EndpointConfig], None]:
         yield list(self._endpoints)
         await anyio.sleep_forever()

@@ -13,6 +13,7 @@ from burstsched.discovery.kubernetes import pod_endpoints, slice_endpoints
 from burstsched.server.serve import serving
 
 from .fake_kube import FakeKubeApi, endpoint_slice
+from .helpers import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -97,9 +98,7 @@ async def test_unreachable_api_is_retried_with_backoff_until_it_answers() -> Non
                 first.append(await anext(sets))
 
             tg.start_soon(read)
-            with anyio.fail_after(5):
-                while discovery.reconnects < 2:
-                    await anyio.sleep(0.01)
+            await eventually(lambda: discovery.reconnects >= 2, within_s=5)
             tg.cancel_scope.cancel()
     assert not first
     assert discovery.relists == 0
