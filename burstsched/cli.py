@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("burstsched.server.serve", "run the scheduler in front of a vLLM pool"),
     "demo": ("burstsched.workloads.demo", "run the seed experiment on a 2-replica pool and print its table"),
     "check": ("burstsched.server.check", "validate config files offline (burstsched's or llm-d's)"),
+    "replay": ("burstsched.replay.cli", "replay a recorded trace on a simulated pool through router configs"),
 }
 
 

@@ -1,0 +1,106 @@
+"""``burstsched replay TRACE --config A.yaml [--config B.yaml ...] [--sweep key=v1,v2 ...]``.
+
+Rebuilds the trace's prompts (same sharing structure, synthetic text), replays them on a simulated pool
+through each config in turn (or each point of the ``--sweep`` grid over the first config, within
+``--budget-s``), prints the side-by-side table and writes ``replay.md``, ``replay.json`` and PNG plots under
+``--out``. With a sweep it names the best config under ``--objective`` (default ``ttft_p95``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from burstsched.config import ConfigError, RouterConfig, load_config
+from burstsched.replay.rebuild import rebuild_prompts
+from burstsched.replay.report import OBJECTIVES, best, recorded_row, row, text_table, write_report
+from burstsched.replay.runner import ReplayOptions, ReplayResult, replay_one
+from burstsched.replay.sweep import SweepError, grid, parse_axis
+from burstsched.replay.trace import TracedRequest, read_trace, summarize_trace
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "trace", nargs="+", type=Path, help="recorded JSONL file(s), rotated ones oldest first"
+    )
+    parser.add_argument("--config", action="append", type=Path, default=[], help="a router config (repeat)")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a grid axis")
+    parser.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
+    parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per replica (16 tokens each)")
+    parser.add_argument("--speed", type=float, default=1.0, help="arrival-rate multiplier (default 1)")
+    parser.add_argument(
+        "--time-scale", type=float, default=0.25, help="simulator time per real second (default 0.25: 4x)"
+    )
+    parser.add_argument("--budget-s", type=float, default=None, help="stop starting configs after this long")
+    parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="ttft_p95")
+    parser.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
+    parser.add_argument("--out", type=Path, default=Path("replay-out"), help="report folder")
+
+
+def _configs(args: argparse.Namespace) -> list[tuple[str, RouterConfig]]:
+    named = [(path.stem, load_config(path)) for path in args.config]
+    if not args.sweep:
+        return named or [("default", RouterConfig())]
+    base = named[0][1] if named else RouterConfig()
+    return grid(base, [parse_axis(text) for text in args.sweep])
+
+
+async def replay_all(
+    configs: list[tuple[str, RouterConfig]],
+    requests: list[TracedRequest],
+    options: ReplayOptions,
+    budget_s: float | None = None,
+    progress: bool = True,
+) -> tuple[list[ReplayResult], list[str], float]:
+    """Replay through each config in turn; configs whose turn comes once the budget cannot fit one more
+    run (the longest so far) are skipped."""
+    prompts = rebuild_prompts(requests)
+    started = time.perf_counter()
+    results: list[ReplayResult] = []
+    skipped: list[str] = []
+    longest = 0.0
+    for label, config in configs:
+        elapsed = time.perf_counter() - started
+        if budget_s is not None and results and elapsed + longest > budget_s:
+            skipped.append(label)
+            continue
+        result = await replay_one(label, config, requests, prompts, options)
+        longest = max(longest, result.wall_s)
+        results.append(result)
+        if progress:
+            print(f"replayed {label}: {result.wall_s:.1f} s", file=sys.stderr, flush=True)
+    return results, skipped, time.perf_counter() - started
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        configs = _configs(args)
+    except (ConfigError, SweepError) as exc:
+        print(f"burstsched replay: {exc}", file=sys.stderr)
+        return 2
+    requests = read_trace(args.trace)
+    if args.max_requests is not None:
+        requests = requests[: args.max_requests]
+    if not requests:
+        print("burstsched replay: the trace holds no request", file=sys.stderr)
+        return 2
+    options = ReplayOptions(
+        replicas=args.replicas, kv_blocks=args.kv_blocks, speed=args.speed, time_scale=args.time_scale
+    )
+    results, skipped, elapsed = anyio.run(replay_all, configs, requests, options, args.budget_s)
+    summary = summarize_trace(requests)
+    print(text_table([recorded_row(summary), *(row(r) for r in results)]))
+    winner = best(results, args.objective)
+    if len(results) > 1 and winner is not None:
+        print(f"best under {args.objective}: {winner.label}")
+    if skipped:
+        print(f"not run (time budget): {len(skipped)} configs")
+    paths = write_report(
+        args.out, args.trace[0].name, summary, results, options, args.objective, skipped, elapsed
+    )
+    print(f"report: {paths['markdown']}")
+    return 0

@@ -1,0 +1,116 @@
+"""Reading a recorded trace (JSONL, format ``v`` 1: burstsched/recording/README.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from burstsched.recording import LINE_VERSION, parse_chain
+from burstsched.workloads.stats import percentile, ratio
+
+
+@dataclass(frozen=True, slots=True)
+class TracedRequest:
+    """One recorded request, as far as replaying it needs."""
+
+    t: float
+    """Arrival, seconds after the trace's first request."""
+    api: str
+    blocks: tuple[int, ...]
+    prompt_tokens: int
+    block_tokens: int
+    bytes_per_token: int
+    max_tokens: int | None
+    output_tokens: int | None
+    stream: bool
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    ttft_ms: float | None = None
+    endpoint: str | None = None
+    outcome: str = "ok"
+
+    @property
+    def output_budget(self) -> int:
+        """How many tokens the replayed request generates: what the original produced, else its limit."""
+        return max(1, self.output_tokens or self.max_tokens or 16)
+
+
+def read_trace(paths: Sequence[str | Path]) -> list[TracedRequest]:
+    """Every line of the files (a rotated set may be given oldest first), sorted by arrival."""
+    raw: list[dict[str, object]] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            for number, text in enumerate(handle, 1):
+                if not text.strip():
+                    continue
+                line = json.loads(text)
+                if line.get("v") != LINE_VERSION:
+                    raise ValueError(
+                        f"{path}:{number}: trace line version {line.get('v')!r}, not {LINE_VERSION}"
+                    )
+                raw.append(line)
+    raw.sort(key=lambda line: float(line["t"]))  # type: ignore[arg-type]
+    start = float(raw[0]["t"]) if raw else 0.0  # type: ignore[arg-type]
+    return [_request(line, start) for line in raw]
+
+
+def _request(line: dict[str, object], start: float) -> TracedRequest:
+    def opt_int(key: str) -> int | None:
+        value = line.get(key)
+        return value if isinstance(value, int) else None
+
+    ttft = line.get("ttft_ms")
+    return TracedRequest(
+        t=float(line["t"]) - start,  # type: ignore[arg-type]
+        api=str(line.get("api", "chat")),
+        blocks=parse_chain(str(line.get("blocks", ""))),
+        prompt_tokens=int(line.get("prompt_tokens", 0)),  # type: ignore[call-overload]
+        block_tokens=int(line.get("block_tokens", 64)),  # type: ignore[call-overload]
+        bytes_per_token=int(line.get("bytes_per_token", 4)),  # type: ignore[call-overload]
+        max_tokens=opt_int("max_tokens"),
+        output_tokens=opt_int("output_tokens"),
+        stream=bool(line.get("stream", False)),
+        input_tokens=opt_int("input_tokens"),
+        cached_tokens=opt_int("cached_tokens"),
+        ttft_ms=float(ttft) if isinstance(ttft, int | float) else None,
+        endpoint=line.get("endpoint") if isinstance(line.get("endpoint"), str) else None,  # type: ignore[arg-type]
+        outcome=str(line.get("outcome", "ok")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSummary:
+    """What the trace itself says: the recorded run's figures, to set beside a replay's."""
+
+    requests: int
+    duration_s: float
+    hit_rate: float
+    """Cached prompt tokens over prompt tokens, from the responses' usage (NaN when none reported it)."""
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    ttft_p99_ms: float
+    requests_per_endpoint: dict[str, int]
+
+
+def summarize_trace(requests: Iterable[TracedRequest]) -> TraceSummary:
+    items = list(requests)
+    counted = [r for r in items if r.input_tokens is not None and r.cached_tokens is not None]
+    ttfts = [r.ttft_ms for r in items if r.ttft_ms is not None and r.outcome == "ok"]
+    per_endpoint: dict[str, int] = {}
+    for r in items:
+        if r.endpoint is not None:
+            per_endpoint[r.endpoint] = per_endpoint.get(r.endpoint, 0) + 1
+    return TraceSummary(
+        requests=len(items),
+        duration_s=items[-1].t if items else 0.0,
+        hit_rate=ratio(sum(r.cached_tokens or 0 for r in counted), sum(r.input_tokens or 0 for r in counted))
+        if counted
+        else math.nan,
+        ttft_p50_ms=percentile(ttfts, 50),
+        ttft_p95_ms=percentile(ttfts, 95),
+        ttft_p99_ms=percentile(ttfts, 99),
+        requests_per_endpoint=dict(sorted(per_endpoint.items())),
+    )
