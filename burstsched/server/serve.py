@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         config = attach_kv_events(config, args.kv_events, args.kv_events_replay)
         if args.tokenizer is not None:
             config = with_tokenizer(config, args.tokenizer)
-        if not config.endpoints:
+        if not config.endpoints and config.discovery.kind == "static" and config.pool.selector is None:
             print(
                 "burstsched serve: no endpoints (give --endpoint or list them in the config)", file=sys.stderr
             )
