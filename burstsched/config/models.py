@@ -467,8 +467,8 @@ class RouterConfig(StrictModel):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     discovery: DiscoveryConfig = Field(
         default_factory=DiscoveryConfig,
-        description="Where the endpoints come from (static list, DNS or Kubernetes); pool.selector, when set, "
-        "means kubernetes discovery of the pods with those labels.",
+        description="Where the endpoints come from (static list, DNS or Kubernetes); pool.selector, when set "
+        "(and no endpoints), means kubernetes discovery of the pods with those labels.",
     )
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
