@@ -65,6 +65,7 @@ from loadtests.overhead_targets import (
     host_port,
     peer,
     received_spans,
+    recording_config,
     trace_receiver,
     traced_env,
     tree_config,
@@ -94,6 +95,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api", choices=tuple(PATHS), default="chat", help="the endpoint the clients call")
     parser.add_argument("--stream", action="store_true", help='requests say "stream": true (SSE answers)')
     parser.add_argument("--no-trace", dest="trace", action="store_false", help="skip the traced targets")
+    parser.add_argument(
+        "--recording", action="store_true", help="also run burstsched with recording on (burstsched+rec)"
+    )
     parser.add_argument(
         "--peers",
         default=DEFAULT_PEERS,
@@ -285,6 +289,8 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
             if args.trace:
                 receiver = await stack.enter_async_context(trace_receiver(logdir))
             routers: list[tuple[str, Path, Path | None]] = [("burstsched", config, None)]
+            if args.recording:
+                routers.append(("burstsched+rec", recording_config(config, logdir), None))
             if args.baseline_ref:
                 try:
                     tree, sha = stack.enter_context(git_worktree(args.baseline_ref))

@@ -353,6 +353,17 @@ def check_tree(tree: Path, env: Mapping[str, str]) -> list[str]:
     return problems
 
 
+def recording_config(config: Path, logdir: Path) -> Path:
+    """A copy of ``config`` with traffic recording on (``recording:``), writing under ``logdir``."""
+    import yaml
+
+    document = yaml.safe_load(config.read_text()) or {}
+    document["recording"] = {"enabled": True, "path": str(logdir / "recording.jsonl")}
+    copy = logdir / f"recording-{config.name}"
+    copy.write_text(yaml.safe_dump(document, sort_keys=False))
+    return copy
+
+
 def tree_config(tree: Path, config: Path) -> Path:
     """The tree's own copy of a config given relative to the repository, else the given one."""
     if not config.is_absolute() and (tree / config).is_file():
