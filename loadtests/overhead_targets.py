@@ -239,15 +239,19 @@ async def burstsched_router(
     env: Mapping[str, str],
     tree: Path | None = None,
     traced: bool = False,
+    extra_args: Sequence[str] = (),
 ) -> AsyncIterator[Target]:
     """``burstsched serve`` over all backends, ready with every backend healthy and the probe answered.
 
-    ``tree``: run that source tree instead of the installed one (see :func:`tree_env`)."""
+    ``tree``: run that source tree instead of the installed one (see :func:`tree_env`); ``extra_args``: more
+    arguments to ``serve`` (e.g. ``--workers 2``: its workers share the parent's process group, whose CPU is
+    the target's)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "burstsched", "serve", "--config", str(config), "--port", str(port)]
     for backend in backends:
         args += ["--endpoint", f"{backend.name}={backend.url}"]
+    args += list(extra_args)
     run_env = tree_env(tree, env) if tree is not None else env
 
     def all_healthy(response: httpx.Response) -> bool:
