@@ -203,11 +203,9 @@ def test_group_size_counts_as_load_with_pending() -> None:
 
 def test_the_observers_see_one_cycle_in_timing_every() -> None:
     """Plugin and cycle timings are a sample: one schedule (and one produce) call in ``timing_every``."""
+    queue = QueueScorer("queue", QueueParameters(), CTX)
     profile = SchedulerProfile(
-        filters=[],
-        scorers=[WeightedScorer(QueueScorer("queue", QueueParameters(), CTX), 1.0)],
-        picker=MaxScorePicker("picker", MaxScoreParameters(), CTX),
-        producers=[],
+        (), (), (WeightedScorer(queue, 1.0),), MaxScorePicker("picker", MaxScoreParameters(), CTX)
     )
     seen: list[tuple[str, str]] = []
     cycles: list[float] = []
