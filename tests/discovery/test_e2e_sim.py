@@ -15,8 +15,8 @@ from burstsched.discovery import KubernetesDiscovery, api_factory
 from burstsched.front.app import create_app
 from burstsched.server.serve import serving
 from burstsched.sim import SimConfig, SimPool
+from burstsched.testing.fake_kube import FakeKubeApi, endpoint_slice
 
-from .fake_kube import FakeKubeApi, endpoint_slice
 from .helpers import eventually
 
 pytestmark = pytest.mark.anyio

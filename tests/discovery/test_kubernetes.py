@@ -11,8 +11,8 @@ from burstsched.config import EndpointConfig
 from burstsched.discovery import KubernetesDiscovery, api_factory
 from burstsched.discovery.kubernetes import pod_endpoints, slice_endpoints
 from burstsched.server.serve import serving
+from burstsched.testing.fake_kube import FakeKubeApi, endpoint_slice
 
-from .fake_kube import FakeKubeApi, endpoint_slice
 from .helpers import eventually
 
 pytestmark = pytest.mark.anyio

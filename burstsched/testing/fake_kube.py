@@ -1,4 +1,5 @@
-"""An in-process fake of the Kubernetes API's list and watch of EndpointSlices, for the discovery tests.
+"""An in-process fake of the Kubernetes API's list and watch of EndpointSlices, for the discovery tests and
+the discovery load test (serve its ``app`` with uvicorn and point ``discovery.api_url`` at it).
 
 It keeps a resourceVersion counter and an event log; a watch from a version older than the log's start
 (``compact``) gets an ERROR event with code 410, as the real API server sends; ``bookmark`` sends a
