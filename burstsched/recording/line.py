@@ -3,6 +3,10 @@
 The line format (``v`` 1) is documented in this package's README. Block hashes are written as one hex
 string, 16 hex digits per block (unsigned 64-bit, big-endian): ``jq`` reads it without the precision loss
 its numbers would suffer past 2^53.
+
+:func:`format_line` writes the line with one f-string from primitives: strings go through the ``json``
+module's C string encoder, numbers are formatted directly. That is several times cheaper than building a
+dict and calling ``json.dumps`` (the writer thread's CPU is the router's CPU too).
 """
 
 from __future__ import annotations
@@ -11,17 +15,22 @@ import json
 import re
 import struct
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 LINE_VERSION = 1
 HEX_PER_BLOCK = 16
 
-_USAGE = re.compile(rb'"usage"\s*:\s*\{')
-_FIELDS = {
-    "input_tokens": re.compile(rb'"prompt_tokens"\s*:\s*(\d+)'),
-    "output_tokens": re.compile(rb'"completion_tokens"\s*:\s*(\d+)'),
-    "cached_tokens": re.compile(rb'"cached_tokens"\s*:\s*(\d+)'),
-}
+_USAGE_KEY = b'"usage"'
+_USAGE_OPEN = re.compile(rb'"usage"\s*:\s*\{')
+_INPUT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_OUTPUT = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+
+Counts = tuple[int | None, int | None, int | None]
+"""``(input_tokens, output_tokens, cached_tokens)``; None: not reported."""
+
+_NO_COUNTS: Counts = (None, None, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,21 +42,37 @@ class Usage:
     cached_tokens: int | None = None
 
 
+def usage_counts(response_tail: bytes) -> Counts:
+    """The counts of the last ``usage`` object in a JSON body or a stream's tail.
+
+    Found from the end with ``bytes.rfind`` (a ``"usage"`` key holding no object, e.g. ``null``, is
+    skipped), then read with three anchored regex searches inside that object: no JSON decoding, no copy.
+    """
+    end = len(response_tail)
+    while True:
+        at = response_tail.rfind(_USAGE_KEY, 0, end)
+        if at < 0:
+            return _NO_COUNTS
+        opened = _USAGE_OPEN.match(response_tail, at)
+        if opened is not None:
+            break
+        end = at
+    start = opened.end()
+    close = response_tail.find(b"}}", start)
+    stop = len(response_tail) if close < 0 else close + 2
+    found_in = _INPUT.search(response_tail, start, stop)
+    found_out = _OUTPUT.search(response_tail, start, stop)
+    found_cached = _CACHED.search(response_tail, start, stop)
+    return (
+        None if found_in is None else int(found_in.group(1)),
+        None if found_out is None else int(found_out.group(1)),
+        None if found_cached is None else int(found_cached.group(1)),
+    )
+
+
 def usage_of(response_tail: bytes) -> Usage:
-    """The last ``usage`` object in a JSON body or a stream's tail, read with a few regex searches (a
-    stream's tail holds many events; decoding each as JSON would cost far more)."""
-    start = -1
-    for found in _USAGE.finditer(response_tail):
-        start = found.end()
-    if start < 0:
-        return Usage()
-    end = response_tail.find(b"}}", start)
-    window = response_tail[start : len(response_tail) if end < 0 else end + 2]
-    counts: dict[str, int | None] = {}
-    for name, pattern in _FIELDS.items():
-        match = pattern.search(window)
-        counts[name] = int(match.group(1)) if match else None
-    return Usage(**counts)
+    """:func:`usage_counts` as a :class:`Usage`."""
+    return Usage(*usage_counts(response_tail))
 
 
 def hex_chain(block_hashes: tuple[int, ...]) -> str:
@@ -63,12 +88,12 @@ def parse_chain(text: str) -> tuple[int, ...]:
     return struct.unpack(f">{len(raw) // 8}Q", raw)
 
 
-def max_tokens_of(payload: dict[str, Any]) -> int | None:
-    """The request's output limit (``max_completion_tokens`` first, as vLLM reads it)."""
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = payload.get(key)
-        if type(value) is int:
-            return value
+def max_tokens_of(max_completion_tokens: object, max_tokens: object) -> int | None:
+    """The request's output limit (``max_completion_tokens`` first, as vLLM reads it); ints only."""
+    if type(max_completion_tokens) is int:
+        return max_completion_tokens
+    if type(max_tokens) is int:
+        return max_tokens
     return None
 
 
@@ -77,10 +102,83 @@ def prompt_text_of(payload: dict[str, Any]) -> Any:
     return payload["messages"] if "messages" in payload else payload.get("prompt")
 
 
-def ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000.0, 3)
+Entry = tuple[
+    float,  # arrived: the recorder's clock
+    float,  # ended: the same clock
+    str,  # request id
+    str,  # api
+    str,  # model
+    bool,  # stream
+    int,  # block_tokens
+    tuple[int, ...],  # block hashes
+    int,  # prompt_tokens
+    object,  # the payload's max_completion_tokens (any JSON value)
+    object,  # the payload's max_tokens
+    int | None,  # window
+    str | None,  # group
+    str,  # role
+    int,  # group_size
+    float,  # waited_s
+    str | None,  # endpoint
+    str,  # outcome
+    float | None,  # first_byte_at: the recorder's clock
+    bytes,  # the response's tail (usage)
+    Any,  # the payload (include_text) or None
+]
+"""One queued request: primitives only (and the payload, with ``include_text``), so that a queued request
+keeps none of the request's object graph alive until the writer runs."""
 
 
-def encode(line: dict[str, Any]) -> bytes:
-    """One JSON line, newline-terminated."""
-    return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: bool) -> bytes:
+    """One JSON line (schema: the package's README), newline-terminated, UTF-8.
+
+    ``wall_offset`` turns the entry's clock into Unix seconds. Times: ``t`` to the µs, ``*_ms`` in
+    milliseconds to the µs. The text (only ``with_text``) is any JSON value, encoded by ``json.dumps``.
+    """
+    (
+        arrived,
+        ended,
+        request_id,
+        api,
+        model,
+        stream,
+        block_tokens,
+        block_hashes,
+        prompt_tokens,
+        max_completion_tokens,
+        max_tokens,
+        window,
+        group,
+        role,
+        group_size,
+        waited_s,
+        endpoint,
+        outcome,
+        first_byte_at,
+        response_tail,
+        payload,
+    ) = entry
+    input_tokens, output_tokens, cached_tokens = usage_counts(response_tail)
+    limit = max_tokens_of(max_completion_tokens, max_tokens)
+    tail = "}\n"
+    if with_text:
+        text = prompt_text_of(payload) if isinstance(payload, dict) else None
+        tail = ',"text":' + json.dumps(text, separators=(",", ":"), ensure_ascii=False) + tail
+    ttft = "null" if first_byte_at is None else format((first_byte_at - arrived) * 1000.0, ".3f")
+    return (
+        f'{{"v":{LINE_VERSION},"t":{arrived + wall_offset:.6f},"id":{encode_basestring(request_id)},'
+        f'"api":{encode_basestring(api)},"model":{encode_basestring(model)},'
+        f'"stream":{"true" if stream else "false"},"block_tokens":{block_tokens},'
+        f'"bytes_per_token":{bytes_per_token},"blocks":"{hex_chain(block_hashes)}",'
+        f'"prompt_tokens":{prompt_tokens},'
+        f'"input_tokens":{"null" if input_tokens is None else input_tokens},'
+        f'"cached_tokens":{"null" if cached_tokens is None else cached_tokens},'
+        f'"max_tokens":{"null" if limit is None else limit},'
+        f'"output_tokens":{"null" if output_tokens is None else output_tokens},'
+        f'"window":{"null" if window is None else window},'
+        f'"group":{"null" if group is None else encode_basestring(group)},'
+        f'"role":{encode_basestring(role)},"group_size":{group_size},"waited_ms":{waited_s * 1000.0:.3f},'
+        f'"endpoint":{"null" if endpoint is None else encode_basestring(endpoint)},'
+        f'"outcome":{encode_basestring(outcome)},"ttft_ms":{ttft},'
+        f'"e2e_ms":{(ended - arrived) * 1000.0:.3f}{tail}'
+    ).encode()

@@ -1,10 +1,12 @@
 """The traffic recorder: the event loop appends one tuple per request; a writer thread builds the lines.
 
-:meth:`Recorder.record` is the only call on a request's path: it appends the request's objects (already
-built for serving it) to a deque, no encoding, no lock, no I/O. Every ``flush_interval_ms`` the writer
-thread drains the deque, builds each line (hex chain, usage read from the response's tail, text when
-asked) and appends them to the rotating file in one write. The deque is unbounded: a burst is never
-dropped, it waits for the next flush.
+:meth:`Recorder.record` is the only call on a request's path: it appends one flat tuple of the request's
+primitives (ids, counts, times, the response's tail; the payload only with ``include_text``) to a deque,
+no encoding, no lock, no I/O. Primitives rather than the request's objects: a queued request then holds
+no dicts, dataclasses or decisions alive until the next flush, which the cyclic garbage collector would
+otherwise walk again and again. Every ``flush_interval_ms`` the writer thread drains the deque, formats
+each line (:func:`~burstsched.recording.line.format_line`) and appends them to the rotating file in one
+write. The deque is unbounded: a burst is never dropped, it waits for the next flush.
 """
 
 from __future__ import annotations
@@ -20,15 +22,7 @@ from burstsched.admission import Admitted
 from burstsched.config import PrefixHashingConfig, RecordingConfig
 from burstsched.dispatch import Served
 from burstsched.framework import ApiKind, SchedRequest
-from burstsched.recording.line import (
-    LINE_VERSION,
-    encode,
-    hex_chain,
-    max_tokens_of,
-    ms,
-    prompt_text_of,
-    usage_of,
-)
+from burstsched.recording.line import Entry, format_line
 from burstsched.recording.writer import RotatingFile
 
 log = logging.getLogger(__name__)
@@ -49,9 +43,6 @@ class RecordedRequest(Protocol):
     def stream(self) -> bool: ...
 
 
-_Entry = tuple[float, float, RecordedRequest, SchedRequest, Admitted, Served]
-
-
 class Recorder:
     """Records dispatched requests as JSON lines; :meth:`start` and :meth:`close` bracket its thread.
 
@@ -68,10 +59,11 @@ class Recorder:
         wall_clock: Clock = time.time,
     ) -> None:
         self._settings = settings
+        self._include_text = settings.include_text
         self._bytes_per_token = hashing.bytes_per_token
         self._clock = clock
         self._wall_offset = wall_clock() - clock()
-        self._pending: deque[_Entry] = deque()
+        self._pending: deque[Entry] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._file: RotatingFile | None = None
@@ -88,7 +80,32 @@ class Recorder:
         served: Served,
     ) -> None:
         """Queue one finished request (``arrived``: ``clock()`` when it came in). Never blocks."""
-        self._pending.append((arrived, self._clock(), parsed, request, admitted, served))
+        payload = parsed.payload
+        self._pending.append(
+            (
+                arrived,
+                self._clock(),
+                request.request_id,
+                parsed.api,
+                request.model,
+                parsed.stream,
+                request.block_tokens,
+                request.block_hashes,
+                request.prompt_tokens,
+                payload.get("max_completion_tokens"),
+                payload.get("max_tokens"),
+                admitted.window_id,
+                admitted.group_id,
+                admitted.role,
+                admitted.group_size,
+                admitted.waited_s,
+                served.endpoint,
+                served.outcome,
+                served.first_byte_at,
+                served.response_tail,
+                payload if self._include_text else None,
+            )
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> Recorder:
@@ -120,13 +137,14 @@ class Recorder:
             self.flush()
 
     def flush(self) -> None:
-        """Encode and write every queued entry (the writer thread; tests may call it)."""
+        """Format and write every queued entry (the writer thread; tests may call it)."""
         chunks: list[bytes] = []
         pending = self._pending
+        offset, bytes_per_token, with_text = self._wall_offset, self._bytes_per_token, self._include_text
         while pending:
             entry = pending.popleft()
             try:
-                chunks.append(encode(self.line(entry)))
+                chunks.append(format_line(entry, offset, bytes_per_token, with_text))
             except Exception:  # a malformed entry must not stop the recorder
                 self.failed += 1
                 log.exception("could not encode a recorded request")
@@ -138,37 +156,3 @@ class Recorder:
         except OSError as exc:
             self.failed += len(chunks)
             log.warning("recording: could not write %d lines to %s: %s", len(chunks), self._file.path, exc)
-
-    def line(self, entry: _Entry) -> dict[str, Any]:
-        """The JSON object of one recorded request (schema: the package's README)."""
-        arrived, ended, parsed, request, admitted, served = entry
-        usage = usage_of(served.response_tail)
-        first = served.first_byte_at
-        line: dict[str, Any] = {
-            "v": LINE_VERSION,
-            "t": round(arrived + self._wall_offset, 6),
-            "id": request.request_id,
-            "api": str(parsed.api),
-            "model": request.model,
-            "stream": parsed.stream,
-            "block_tokens": request.block_tokens,
-            "bytes_per_token": self._bytes_per_token,
-            "blocks": hex_chain(request.block_hashes),
-            "prompt_tokens": request.prompt_tokens,
-            "input_tokens": usage.input_tokens,
-            "cached_tokens": usage.cached_tokens,
-            "max_tokens": max_tokens_of(parsed.payload),
-            "output_tokens": usage.output_tokens,
-            "window": admitted.window_id,
-            "group": admitted.group_id,
-            "role": str(admitted.role),
-            "group_size": admitted.group_size,
-            "waited_ms": ms(admitted.waited_s),
-            "endpoint": served.endpoint,
-            "outcome": served.outcome,
-            "ttft_ms": None if first is None else ms(first - arrived),
-            "e2e_ms": ms(ended - arrived),
-        }
-        if self._settings.include_text:
-            line["text"] = prompt_text_of(parsed.payload)
-        return line

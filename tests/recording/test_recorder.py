@@ -12,7 +12,8 @@ from burstsched.admission import Admitted, Role
 from burstsched.config import PrefixHashingConfig, RecordingConfig
 from burstsched.dispatch import Served
 from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, ScoredEndpoint
-from burstsched.recording import LINE_VERSION, Recorder, RotatingFile, parse_chain, usage_of
+from burstsched.recording import LINE_VERSION, Recorder, RotatingFile, Usage, hex_chain, parse_chain, usage_of
+from burstsched.recording.line import Entry, format_line
 
 EXPECTED_FIELDS = {
     "v", "t", "id", "api", "model", "stream", "block_tokens", "bytes_per_token", "blocks", "prompt_tokens",
@@ -124,3 +125,79 @@ def test_a_burst_is_queued_without_blocking_and_every_line_is_written(tmp_path: 
     lines = _lines(tmp_path / "trace.jsonl")
     assert [line["id"] for line in lines] == [f"r{i}" for i in range(20_000)]
     assert recorder.written == 20_000 and recorder.failed == 0
+
+
+def _entry(**fields: Any) -> Entry:
+    """A queued entry (the recorder's tuple layout), with ``fields`` overriding the defaults."""
+    values: dict[str, Any] = {
+        "arrived": 10.0,
+        "ended": 10.5,
+        "request_id": "r0",
+        "api": ApiKind.CHAT,
+        "model": "m",
+        "stream": False,
+        "block_tokens": 64,
+        "block_hashes": (1, 2**64 - 1),
+        "prompt_tokens": 130,
+        "max_completion_tokens": None,
+        "max_tokens": 8,
+        "window": 3,
+        "group": "3.0",
+        "role": Role.MEMBER,
+        "group_size": 2,
+        "waited_s": 0.0041234,
+        "endpoint": "e0",
+        "outcome": "ok",
+        "first_byte_at": 10.25,
+        "response_tail": b'{"usage":{"prompt_tokens":130,"completion_tokens":8,"total_tokens":138}}',
+        "payload": None,
+        **fields,
+    }
+    return tuple(values.values())
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"request_id": 'q"\\\n\x01 é 漢 \U0001f600', "model": "a/b\tc", "endpoint": "ü"},
+        {"window": None, "group": None, "endpoint": None, "first_byte_at": None, "role": Role.BYPASS},
+        {"max_completion_tokens": 5, "max_tokens": 9, "response_tail": b"", "block_hashes": ()},
+        {"max_completion_tokens": "5", "max_tokens": True, "stream": True, "api": ApiKind.COMPLETIONS},
+    ],
+)
+def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[str, Any]) -> None:
+    """format_line writes by hand what json.dumps would write of the line's dict: same keys in the same
+    order, same values (times rounded to the µs), escaped strings, null for what is missing."""
+    entry = _entry(**fields)
+    (arrived, ended, rid, api, model, stream, block_tokens, hashes, prompt, mct, mt, window, group, role,
+     size, waited, endpoint, outcome, first, tail, _payload) = entry  # fmt: skip
+    counts = usage_of(tail)
+    limit = mct if type(mct) is int else mt if type(mt) is int else None
+    expected = {
+        "v": LINE_VERSION, "t": round(arrived + 1000.0, 6), "id": rid, "api": str(api), "model": model,
+        "stream": stream, "block_tokens": block_tokens, "bytes_per_token": 4, "blocks": hex_chain(hashes),
+        "prompt_tokens": prompt, "input_tokens": counts.input_tokens, "cached_tokens": counts.cached_tokens,
+        "max_tokens": limit, "output_tokens": counts.output_tokens, "window": window, "group": group,
+        "role": str(role), "group_size": size, "waited_ms": round(waited * 1000, 3), "endpoint": endpoint,
+        "outcome": outcome, "ttft_ms": None if first is None else round((first - arrived) * 1000, 3),
+        "e2e_ms": round((ended - arrived) * 1000, 3),
+    }  # fmt: skip
+    raw = format_line(entry, 1000.0, 4, with_text=False)
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1
+    line = json.loads(raw)
+    assert list(line) == list(expected)
+    assert line == expected
+    with_text = format_line(entry[:-1] + ({"prompt": "p \u2028"},), 1000.0, 4, with_text=True)
+    assert json.loads(with_text) == {**expected, "text": "p \u2028"}
+
+
+def test_usage_is_the_last_usage_object_and_a_null_usage_is_skipped() -> None:
+    tail = (
+        b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
+        b'data: {"usage": {"prompt_tokens": 7, "completion_tokens": 2, '
+        b'"prompt_tokens_details": {"cached_tokens": 4}}}\n\n'
+        b'data: {"choices":[],"usage":null}\n\ndata: [DONE]\n\n'
+    )
+    assert usage_of(tail) == Usage(input_tokens=7, output_tokens=2, cached_tokens=4)
+    assert usage_of(b'{"usage":null}') == Usage()
