@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +203,26 @@ def test_usage_is_the_last_usage_object_and_a_null_usage_is_skipped() -> None:
     )
     assert usage_of(tail) == Usage(input_tokens=7, output_tokens=2, cached_tokens=4)
     assert usage_of(b'{"usage":null}') == Usage()
+
+
+class _Payload(dict[str, Any]):
+    """A payload that can be watched with a weak reference."""
+
+
+@pytest.mark.parametrize("include_text", [False, True])
+def test_a_queued_request_keeps_its_payload_alive_only_for_its_text(
+    tmp_path: Path, include_text: bool
+) -> None:
+    recorder = _recorder(tmp_path, include_text=include_text, flush_interval_ms=10_000).start()
+    payload = _Payload(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=4)
+    watched = weakref.ref(payload)
+    request = SchedRequest("r0", "m", ApiKind.CHAT, False, (7,), 64, 1)
+    recorder.record(99.5, _Parsed(payload, stream=False), request, _admitted(), Served("e0", "ok", None))
+    del payload
+    gc.collect()
+    assert recorder.pending == 1
+    assert (watched() is not None) is include_text
+    recorder.close()
+    [line] = _lines(tmp_path / "trace.jsonl")
+    assert line["max_tokens"] == 4 and line["ttft_ms"] is None and line["input_tokens"] is None
+    assert ("text" in line) is include_text
