@@ -82,6 +82,23 @@ class Admission:
             clock=self._clock,
         )
 
+    def reconfigure(self, config: AdmissionConfig) -> None:
+        """Swap in new settings (a live config reload): requests already placed keep their decisions, those
+        waiting in the open window are placed with the new limits, later windows use the new window."""
+        self._config = config
+        self._placer = GroupPlacer(
+            self._scheduler,
+            self._snapshots,
+            min_shared_blocks=config.min_shared_blocks,
+            limits=Limits(config.max_per_endpoint, config.fair_share_factor),
+        )
+        self._window.configure(
+            window_s=config.window_ms / 1000,
+            max_batch=config.max_batch,
+            queue_limit=config.queue_limit,
+            retry_after_s=config.retry_after_s,
+        )
+
     @property
     def held(self) -> int:
         """Requests waiting in a window or being placed."""

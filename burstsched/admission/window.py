@@ -103,6 +103,16 @@ class AdmissionWindow(Generic[T, R]):
         self._next_window = 0
         self._next_ticket = 0
 
+    def configure(self, *, window_s: float, max_batch: int, queue_limit: int, retry_after_s: int) -> None:
+        """New settings for the windows opened from now on (a live config reload); the one collecting now
+        keeps its deadline, and seals at the new ``max_batch``."""
+        if window_s <= 0 or max_batch < 1 or queue_limit < 1:
+            raise ValueError("window_s must be positive, max_batch and queue_limit at least 1")
+        self._window_s = window_s
+        self._max_batch = max_batch
+        self._queue_limit = queue_limit
+        self._retry_after_s = retry_after_s
+
     @property
     def held(self) -> int:
         """Requests waiting in a window or being placed."""

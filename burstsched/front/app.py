@@ -3,7 +3,8 @@
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (scheduled and proxied),
 ``GET /v1/models``, ``GET /health`` (liveness), ``GET /ready`` (at least one healthy endpoint),
 ``GET /metrics`` (the router's own metrics), ``POST /admin/reset`` (drop learned scheduling state, e.g. the
-prefix index).
+prefix index), ``POST /admin/reload`` (read the config again and swap it in, see
+:mod:`burstsched.front.live_config`).
 
 Middleware, outermost first: refusal while draining on shutdown (:mod:`burstsched.front.draining`), API and
 admin keys (:mod:`burstsched.front.auth`), the body read deadline (:mod:`burstsched.front.limits`).
@@ -50,6 +51,7 @@ from burstsched.front.auth import AuthMiddleware, AuthSettings
 from burstsched.front.draining import RefuseWhileDraining
 from burstsched.front.hot_path import ErrorGuard, RouterApp
 from burstsched.front.limits import BodyDeadlineMiddleware
+from burstsched.front.live_config import ConfigSource, LiveConfig
 from burstsched.front.request import ClientDisconnected, RequestError, parse_request, read_body
 from burstsched.kvcache import KVEventHub, stream_addresses
 from burstsched.pool import CircuitSettings, EndpointPool
@@ -260,6 +262,13 @@ async def _reset(request: Request) -> Response:
     return JSONResponse({"status": "reset"})
 
 
+async def _reload(request: Request) -> Response:
+    """Read the config again and swap it in; 200 with the outcome when applied or unchanged, 422 refused."""
+    live: LiveConfig = request.app.state.live_config
+    outcome = await live.reload("admin")
+    return JSONResponse(outcome.as_json(), status_code=422 if outcome.outcome == "refused" else 200)
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     return error_response(exc.status_code, exc.detail, headers=dict(exc.headers or {}))
@@ -331,6 +340,7 @@ def create_app(
     clock: Clock = time.monotonic,
     rng: random.Random | None = None,
     discovery: Discovery | None = None,
+    config_source: ConfigSource | None = None,
 ) -> Starlette:
     """The router as an ASGI app; its lifespan builds the scheduler, the upstream client and the pool.
 
@@ -338,7 +348,9 @@ def create_app(
     request to the replicas (default: an :class:`UpstreamClient` the lifespan opens and closes; tests pass
     e.g. an :class:`~burstsched.dispatch.HttpxUpstream` over ``httpx.MockTransport``);
     ``clock`` (monotonic seconds) and ``rng`` drive staleness and the pickers' randomness; ``discovery``
-    replaces the source the config's ``discovery`` section names (tests inject a resolver this way).
+    replaces the source the config's ``discovery`` section names (tests inject a resolver this way);
+    ``config_source`` reads the config again for a live reload (``POST /admin/reload``, and ``serve``'s SIGHUP
+    and file watch; None: a reload is refused).
     """
     registry = registry if registry is not None else PluginRegistry.discover()
     rng = rng if rng is not None else random.Random()
@@ -359,10 +371,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         metrics = RouterMetrics()
+        plugin_context = PluginContext(rng=rng, clock=clock)
         scheduler = build_scheduler(
             config,
             registry,
-            PluginContext(rng=rng, clock=clock),
+            plugin_context,
             observer=metrics.observe_plugin,
             cycle_observer=metrics.scheduling_duration.observe,
         )
@@ -435,6 +448,24 @@ def create_app(
             )
             app.state.router.clock = clock
             app.state.router.discovery_source = source.source
+            router = app.state.router
+
+            def swapped(new_config: RouterConfig) -> None:
+                router.config = new_config
+
+            app.state.live_config = LiveConfig(
+                config,
+                config_source,
+                registry,
+                plugin_context,
+                scheduler,
+                admission,
+                pool,
+                metrics,
+                hub,
+                source.source,
+                swapped,
+            )
 
             def apply(endpoints: list[EndpointConfig]) -> None:
                 pool.sync(endpoints, source=source.source)
@@ -450,7 +481,8 @@ def create_app(
             await pool.refresh()
             async with admission, anyio.create_task_group() as tg:
                 if hub is not None:
-                    await tg.start(partial(hub.run, dynamic=dynamic))
+                    # a reload may add endpoints, whose streams the hub then follows
+                    await tg.start(partial(hub.run, dynamic=dynamic or config_source is not None))
                 tg.start_soon(pool.run)
                 if dynamic:
                     tg.start_soon(follow_discovery, name="burstsched-discovery")
@@ -470,6 +502,7 @@ def create_app(
         Route("/ready", _ready, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
         Route("/admin/reset", _reset, methods=["POST"]),
+        Route("/admin/reload", _reload, methods=["POST"]),
         Route("/admin/endpoints", _endpoints, methods=["GET"]),
     ]
     body_timeout_s = config.limits.body_timeout_ms / 1000.0

@@ -1,6 +1,6 @@
 """The scheduling engine: runs a profile of plugins for one request or one group."""
 
-from burstsched.scheduling.builder import build_plugins, build_profile, build_scheduler
+from burstsched.scheduling.builder import PreviousPlugins, build_plugins, build_profile, build_scheduler
 from burstsched.scheduling.profile import SchedulerProfile, WeightedScorer
 from burstsched.scheduling.scheduler import (
     NoEndpointsError,
@@ -14,6 +14,7 @@ __all__ = [
     "NoEndpointsError",
     "PluginContractError",
     "PluginObserver",
+    "PreviousPlugins",
     "Scheduler",
     "SchedulerProfile",
     "WeightedScorer",

@@ -6,10 +6,11 @@ Every problem is reported as a :class:`ConfigError` naming the field's path, e.g
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from burstsched.config import ConfigError, ConfigIssue, PluginSpec, ProfileConfig, RouterConfig
 from burstsched.config.errors import issues_from_validation
@@ -30,12 +31,34 @@ from burstsched.scheduling.scheduler import CycleObserver, PluginObserver, Sched
 P = TypeVar("P")
 
 
+@dataclass(frozen=True)
+class PreviousPlugins:
+    """The plugins a running router built from ``specs`` (by instance name), offered for re-use on reload.
+
+    A plugin whose name, type and validated parameters are unchanged is kept as the same instance, with what
+    it learned (e.g. the approximate prefix index); any other is built anew.
+    """
+
+    specs: Sequence[PluginSpec]
+    plugins: Mapping[str, Plugin]
+    reused: list[str] = field(default_factory=list)
+    """Filled by :func:`build_plugins`: the names it re-used, in the order of the new specs."""
+
+
 def build_plugins(
-    specs: Sequence[PluginSpec], registry: PluginRegistry, context: PluginContext
+    specs: Sequence[PluginSpec],
+    registry: PluginRegistry,
+    context: PluginContext,
+    *,
+    previous: PreviousPlugins | None = None,
 ) -> dict[str, Plugin]:
-    """Instantiate every configured plugin, its parameters validated by its type's model."""
+    """Instantiate every configured plugin, its parameters validated by its type's model.
+
+    ``previous``: re-use those of its plugins whose type and parameters are unchanged (see
+    :class:`PreviousPlugins`)."""
     issues: list[ConfigIssue] = []
     plugins: dict[str, Plugin] = {}
+    old_specs = {s.instance_name: s for s in previous.specs} if previous is not None else {}
     for i, spec in enumerate(specs):
         factory = registry.get(spec.type)
         if factory is None:
@@ -52,6 +75,11 @@ def build_plugins(
         if spec.instance_name in plugins:
             issues.append(ConfigIssue(f"plugins[{i}].name", f"duplicate plugin name {spec.instance_name!r}"))
             continue
+        kept = _unchanged(spec, parameters, old_specs.get(spec.instance_name), factory.Parameters, previous)
+        if kept is not None and previous is not None:
+            plugins[spec.instance_name] = kept
+            previous.reused.append(spec.instance_name)
+            continue
         plugin = factory(spec.instance_name, parameters, context)
         if not isinstance(plugin, Plugin) or plugin.name != spec.instance_name:
             issues.append(
@@ -62,6 +90,26 @@ def build_plugins(
     if issues:
         raise ConfigError(issues)
     return plugins
+
+
+def _unchanged(
+    spec: PluginSpec,
+    parameters: object,
+    old: PluginSpec | None,
+    model: type[BaseModel],
+    previous: PreviousPlugins | None,
+) -> Plugin | None:
+    """The previous instance of ``spec``'s plugin when its type and validated parameters are the same."""
+    if previous is None or old is None or old.type != spec.type:
+        return None
+    plugin = previous.plugins.get(spec.instance_name)
+    if plugin is None:
+        return None
+    try:
+        old_parameters = model.model_validate(old.parameters)
+    except ValidationError:
+        return None
+    return plugin if old_parameters == parameters else None
 
 
 def build_profile(profile: ProfileConfig, plugins: dict[str, Plugin]) -> SchedulerProfile:
@@ -143,9 +191,11 @@ def build_scheduler(
     *,
     observer: PluginObserver | None = None,
     cycle_observer: CycleObserver | None = None,
+    previous: PreviousPlugins | None = None,
 ) -> Scheduler:
-    """Build the configured plugins and wire them into a :class:`Scheduler`."""
-    plugins = build_plugins(config.plugins, registry, context)
+    """Build the configured plugins and wire them into a :class:`Scheduler` (``previous``: a running
+    router's plugins to re-use where unchanged, see :class:`PreviousPlugins`)."""
+    plugins = build_plugins(config.plugins, registry, context, previous=previous)
     return Scheduler(
         build_profile(config.profile, plugins),
         observer=observer,

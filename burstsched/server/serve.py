@@ -37,16 +37,14 @@ from burstsched.config import (
     ConfigError,
     LimitsConfig,
     RouterConfig,
-    attach_kv_events,
-    load_config,
-    parse_endpoint_arg,
-    with_tokenizer,
 )
 from burstsched.dispatch import Upstream
 from burstsched.dispatch.drain import Drainer
 from burstsched.framework import PluginRegistry
 from burstsched.front.app import Clock, create_app
+from burstsched.front.live_config import ConfigSource
 from burstsched.server.header_guard import guarded_protocol
+from burstsched.server.reload import ReloadTriggers, config_source, ignore_sighup_until_serving
 from burstsched.server.workers import (
     SOCKET_MODES,
     WORKER_HEADER,
@@ -97,6 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="warning", help="log level (default: %(default)s)")
     parser.add_argument(
+        "--reload-poll",
+        type=float,
+        default=None,
+        metavar="S",
+        help="reload the config when the file's content changes, looking every S seconds (default: off; "
+        "SIGHUP and POST /admin/reload always reload)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -123,6 +129,8 @@ def _worker_command(args: argparse.Namespace) -> Callable[[int, Sequence[int], i
     Every argument of :func:`add_arguments` that a worker needs is passed on here."""
     base = [sys.executable, "-m", "burstsched", "serve", "--config", str(args.config), "--host", args.host]
     base += ["--port", str(args.port), "--log-level", args.log_level]
+    if args.reload_poll is not None:
+        base += ["--reload-poll", str(args.reload_poll)]
     for flag, values in (
         ("--endpoint", args.endpoint),
         ("--kv-events", args.kv_events),
@@ -179,12 +187,18 @@ def _as_worker(args: argparse.Namespace, app: Starlette, server: DrainingServer)
 
 
 def run(args: argparse.Namespace) -> int:
+    source = config_source(
+        args.config,
+        endpoints=args.endpoint,
+        kv_events=args.kv_events,
+        kv_events_replay=args.kv_events_replay,
+        tokenizer=args.tokenizer,
+    )
     try:
-        endpoints = [parse_endpoint_arg(text) for text in args.endpoint]
-        config = load_config(args.config, endpoints=endpoints)
-        config = attach_kv_events(config, args.kv_events, args.kv_events_replay)
-        if args.tokenizer is not None:
-            config = with_tokenizer(config, args.tokenizer)
+        config = source()
+        if args.reload_poll is not None and not args.reload_poll > 0:
+            print("burstsched serve: --reload-poll must be positive", file=sys.stderr)
+            return 2
         if not config.endpoints and config.discovery.kind == "static" and config.pool.selector is None:
             print(
                 "burstsched serve: no endpoints (give --endpoint or list them in the config)", file=sys.stderr
@@ -193,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             print("burstsched serve: --workers must be at least 1", file=sys.stderr)
             return 2
-        app = create_app(config)
+        app = create_app(config, config_source=source)
     except ConfigError as exc:
         print(f"burstsched serve: {exc}", file=sys.stderr)
         return 2
@@ -201,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.workers > 1 and args.worker_id is None:
-        return _supervise(args, config)
+        return _supervise(args, config)  # the parent forwards SIGHUP to its workers
+    ignore_sighup_until_serving()
     headers = [(WORKER_HEADER, str(args.worker_id))] if args.worker_id is not None else []
     uv_config = _uvicorn_config(
         app, host=args.host, port=args.port, log_level=args.log_level, limits=config.limits, headers=headers
@@ -216,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"burstsched serve: cannot listen: {exc}", file=sys.stderr)
             return 2
+    _reload_on_signal(server, ReloadTriggers(app, args.config, args.reload_poll))
     try:
         server.run(sockets=sockets)
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on
@@ -224,6 +240,18 @@ def run(args: argparse.Namespace) -> int:
         for sock in sockets or []:
             sock.close()
     return 0
+
+
+def _reload_on_signal(server: DrainingServer, triggers: ReloadTriggers) -> None:
+    """Once serving: SIGHUP (and the file watch) reload the config."""
+    then = server.on_started
+
+    def started() -> None:
+        triggers.start()
+        if then is not None:
+            then()
+
+    server.on_started = started
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -368,9 +396,13 @@ async def running_router(
     clock: Clock = time.monotonic,
     rng: random.Random | None = None,
     start_timeout: float = 30.0,
+    config_source: ConfigSource | None = None,
 ) -> AsyncIterator[RunningRouter]:
-    """Serve the router with uvicorn on a free 127.0.0.1 port in the current event loop."""
-    app = create_app(config, registry=registry, upstream=upstream, clock=clock, rng=rng)
+    """Serve the router with uvicorn on a free 127.0.0.1 port in the current event loop (``config_source``:
+    what ``POST /admin/reload`` reads)."""
+    app = create_app(
+        config, registry=registry, upstream=upstream, clock=clock, rng=rng, config_source=config_source
+    )
     async with serving(app, start_timeout=start_timeout, limits=config.limits) as url:
         yield RunningRouter(url, app)
 

@@ -24,7 +24,8 @@ Supervision: the parent forwards SIGTERM and SIGINT to every worker as SIGTERM (
 requests), waits for them within the drain timeout plus a margin, then kills what is left. A worker that
 exits while the parent is not stopping is started again after a backoff (doubling per quick failure). If
 any worker fails to start at first, the parent stops the others and exits 1. A worker whose parent is gone
-(its link closes) shuts down as on SIGTERM.
+(its link closes) shuts down as on SIGTERM. SIGHUP to the parent is forwarded to every worker: each reloads
+its config (``burstsched.server.reload``).
 """
 
 from __future__ import annotations
@@ -247,6 +248,7 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, self._on_stop_signal)
         previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._on_child)
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)
         return previous
 
     def _restore_signals(self, previous: dict[int, object]) -> None:
@@ -259,6 +261,20 @@ class Supervisor:
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signal = signum
+
+    def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
+        """SIGHUP: each running worker reloads its config (see burstsched.server.reload)."""
+        self.forward(signal.SIGHUP)
+
+    def forward(self, signum: int) -> None:
+        """Send ``signum`` to every running worker."""
+        for slot in self._slots:
+            proc = slot.proc
+            if proc is not None and proc.returncode is None:
+                try:
+                    proc.send_signal(signum)
+                except OSError:
+                    pass  # it just exited: its replacement reads the config afresh
 
     def _on_child(self, signum: int, frame: FrameType | None) -> None:
         pass  # the wakeup descriptor wakes the selector

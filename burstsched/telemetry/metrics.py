@@ -140,7 +140,7 @@ class _IndexCollector(Collector):
     def __init__(
         self, indexes: Sequence[tuple[str, SizedIndex]], endpoint_names: Callable[[], Iterable[str]]
     ) -> None:
-        self._indexes = indexes
+        self.indexes = indexes
         self._endpoint_names = endpoint_names
 
     def collect(self) -> Iterable[Metric]:
@@ -150,7 +150,7 @@ class _IndexCollector(Collector):
             labels=["plugin", "endpoint"],
         )
         names = list(self._endpoint_names())
-        for plugin, index in self._indexes:
+        for plugin, index in self.indexes:
             for name in names:
                 blocks.add_metric([plugin, name], float(index.size(name)))
         return [blocks]
@@ -321,6 +321,14 @@ class RouterMetrics:
             ["change"],
             registry=self.registry,
         )
+        self.config_reloads = Counter(
+            "burstsched_config_reloads",
+            "Live config reloads (SIGHUP, a changed file, POST /admin/reload): applied, unchanged, or "
+            "refused (the new config was invalid; the old one stays).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self._index_collector: _IndexCollector | None = None
         self._prefix_scorers: tuple[str, ...] = ()
         self._decision_children: dict[str, Counter] = {}
         self._lag_children: dict[str, Histogram] = {}
@@ -338,6 +346,9 @@ class RouterMetrics:
     def watch_discovery(self, states: Callable[[], Iterable[str]]) -> None:
         """Export how many endpoints are in each discovery state, read from the pool at each scrape."""
         self.registry.register(_DiscoveryCollector(states))
+
+    def config_reload(self, outcome: str) -> None:
+        self.config_reloads.labels(outcome).inc()
 
     def discovery_change(self, change: str) -> None:
         self.discovery_changes.labels(change).inc()
@@ -360,15 +371,19 @@ class RouterMetrics:
 
     def watch_plugins(self, plugins: Iterable[Plugin], endpoint_names: Callable[[], Iterable[str]]) -> None:
         """Export the size of every plugin's prefix index (an ``index`` with ``size(endpoint)``) and take
-        the estimated hit ratio from the scorers that read the producers' :class:`PrefixMatch`."""
+        the estimated hit ratio from the scorers that read the producers' :class:`PrefixMatch`; called again
+        (a config reload), the new plugins replace the old."""
         plugins = list(plugins)
         indexes: list[tuple[str, SizedIndex]] = []
         for plugin in plugins:
             index = getattr(plugin, "index", None)
             if isinstance(index, SizedIndex):
                 indexes.append((plugin.name, index))
-        if indexes:
-            self.registry.register(_IndexCollector(indexes, endpoint_names))
+        if self._index_collector is not None:
+            self._index_collector.indexes = indexes
+        elif indexes:
+            self._index_collector = _IndexCollector(indexes, endpoint_names)
+            self.registry.register(self._index_collector)
         self._prefix_scorers = tuple(
             p.name for p in plugins if isinstance(p, Scorer) and PrefixMatch in getattr(p, "consumes", ())
         )
