@@ -29,7 +29,8 @@ replica's request count when it was removed from discovery, when the router drop
 ``/admin/endpoints``: drained) and at the end, which must equal the count when it was dropped.
 
 Writes ``discovery-<case>.json`` and ``discovery-<case>.md`` under ``--out``; exits 1 if a request was lost,
-the new replica served nothing, or the removed one received a request after it was drained.
+the new replica served nothing, the removed one received a request after it was drained, or a request sent
+after the router had noticed the removal (``draining``, else gone, in ``/admin/endpoints``) went to it.
 """
 
 from __future__ import annotations
@@ -271,7 +272,7 @@ def request_body(rng: random.Random, i: int, stream: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"request {i}: tell me about {topic}, in a few words"}],
-        "max_tokens": rng.randint(16, 128),
+        "max_tokens": rng.randint(16, 192),
         "stream": stream,
     }
     return body
@@ -501,6 +502,7 @@ def summarize(
     in_flight_old = in_flight_on_old(removed)
     in_flight_noticed = in_flight_on_old(noticed)
     after_removal_old = [r for r in records if r.endpoint == old and r.sent_s > removed]
+    after_noticed_old = [r for r in records if r.endpoint == old and r.sent_s > noticed]
     by_endpoint: dict[str, int] = {}
     for r in records:
         by_endpoint[r.endpoint or "-"] = by_endpoint.get(r.endpoint or "-", 0) + 1
@@ -512,7 +514,7 @@ def summarize(
         "first_completed_request_s": since_added(first_done),
         "requests_it_received_by_the_end": watch.count_at["end"][2],
     }
-    leaving = {
+    leaving: dict[str, Any] = {
         "router_noticed_s": round(noticed - removed, 4),
         "draining_seen_s": None if draining_at is None else round(draining_at - removed, 4),
         "drained_s": round(drained - removed, 4),
@@ -525,6 +527,7 @@ def summarize(
             k: sum(r.outcome == k for r in in_flight_noticed) for k in ("completed", "error", "lost")
         },
         "requests_sent_after_removal_routed_to_it": len(after_removal_old),
+        "requests_sent_after_the_router_noticed_routed_to_it": len(after_noticed_old),
         "its_request_count_at_removal": watch.count_at["removed"][0],
         "its_request_count_when_drained": watch.count_at["drained"][0],
         "its_request_count_at_end": watch.count_at["end"][0],
@@ -534,6 +537,7 @@ def summarize(
         and outcomes["pending"] == 0
         and watch.count_at["end"][2] > 0
         and watch.count_at["drained"][0] == watch.count_at["end"][0]
+        and not after_noticed_old
     )
     return {
         "case": case,
@@ -619,7 +623,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"{lv['in_flight_outcomes']}; {lv['in_flight_on_it_when_the_router_noticed']} "
         "when the router noticed: "
         f"{lv['in_flight_outcomes_when_the_router_noticed']};",
-        f"- requests sent after the removal routed to it: {lv['requests_sent_after_removal_routed_to_it']};",
+        f"- requests routed to it that were sent after its removal from discovery: "
+        f"{lv['requests_sent_after_removal_routed_to_it']} (before the router noticed), after the router "
+        f"noticed: {lv['requests_sent_after_the_router_noticed_routed_to_it']};",
         f"- its own request count: {lv['its_request_count_at_removal']} at removal, "
         f"{lv['its_request_count_when_drained']} when drained, {lv['its_request_count_at_end']} at the end.",
         "",
