@@ -20,6 +20,7 @@ import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from starlette.applications import Starlette
 
@@ -75,15 +76,29 @@ class ReloadTriggers:
     on_outcome: Callable[[ReloadOutcome], None] | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _digest: str | None = None
+    _pending: bool = False
+
+    def hold(self) -> None:
+        """Until :meth:`start`: a SIGHUP (whose default action ends the process) is noted, and acted on once
+        serving (the config being read as it came may be the old one)."""
+        self._digest = file_digest(self.path)
+        signal.signal(signal.SIGHUP, self._note)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self._pending = True
 
     def start(self) -> None:
         """On the server's event loop: handle SIGHUP, start the file watch."""
         loop = asyncio.get_running_loop()
-        self._digest = file_digest(self.path)
+        if self._digest is None:
+            self._digest = file_digest(self.path)
         try:
             loop.add_signal_handler(signal.SIGHUP, self._spawn, "SIGHUP")
         except (ValueError, RuntimeError, NotImplementedError) as exc:  # not the main thread
             log.warning("SIGHUP will not reload the config: %s", exc)
+        if self._pending:
+            self._pending = False
+            self._spawn("SIGHUP while starting")
         if self.poll_s is not None:
             self._keep(loop.create_task(self._watch(self.poll_s), name="burstsched-config-watch"))
 
@@ -110,9 +125,3 @@ class ReloadTriggers:
             digest = await asyncio.to_thread(file_digest, self.path)
             if digest is not None and digest != self._digest:
                 await self._reload("file changed")
-
-
-def ignore_sighup_until_serving() -> None:
-    """SIGHUP's default action ends the process: until :meth:`ReloadTriggers.start`, ignore it (a worker of
-    ``--workers`` may get one forwarded while it starts; the config it is reading is the current one)."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)

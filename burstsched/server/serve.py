@@ -44,7 +44,7 @@ from burstsched.framework import PluginRegistry
 from burstsched.front.app import Clock, create_app
 from burstsched.front.live_config import ConfigSource
 from burstsched.server.header_guard import guarded_protocol
-from burstsched.server.reload import ReloadTriggers, config_source, ignore_sighup_until_serving
+from burstsched.server.reload import ReloadTriggers, config_source
 from burstsched.server.workers import (
     SOCKET_MODES,
     WORKER_HEADER,
@@ -216,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.workers > 1 and args.worker_id is None:
         return _supervise(args, config)  # the parent forwards SIGHUP to its workers
-    ignore_sighup_until_serving()
+    triggers = ReloadTriggers(app, args.config, args.reload_poll)
+    triggers.hold()
     headers = [(WORKER_HEADER, str(args.worker_id))] if args.worker_id is not None else []
     uv_config = _uvicorn_config(
         app, host=args.host, port=args.port, log_level=args.log_level, limits=config.limits, headers=headers
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"burstsched serve: cannot listen: {exc}", file=sys.stderr)
             return 2
-    _reload_on_signal(server, ReloadTriggers(app, args.config, args.reload_poll))
+    _reload_on_signal(server, triggers)
     try:
         server.run(sockets=sockets)
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on

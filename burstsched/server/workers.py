@@ -169,6 +169,8 @@ class _Slot:
     link: socket.socket | None = None
     started_at: float = 0.0
     ready_at: float | None = None
+    reload_pending: bool = False
+    """SIGHUP came while it was starting: forwarded once it is serving (its handler is installed by then)."""
     failures: int = 0
     restart_at: float | None = None
     pids: list[int] = field(default_factory=list)
@@ -263,18 +265,22 @@ class Supervisor:
         self._stop_signal = signum
 
     def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
-        """SIGHUP: each running worker reloads its config (see burstsched.server.reload)."""
-        self.forward(signal.SIGHUP)
-
-    def forward(self, signum: int) -> None:
-        """Send ``signum`` to every running worker."""
+        """SIGHUP: each serving worker reloads its config (see burstsched.server.reload); one still starting
+        gets it once it is serving (it may have read the config before the change)."""
         for slot in self._slots:
-            proc = slot.proc
-            if proc is not None and proc.returncode is None:
-                try:
-                    proc.send_signal(signum)
-                except OSError:
-                    pass  # it just exited: its replacement reads the config afresh
+            if slot.ready_at is None:
+                slot.reload_pending = True
+            else:
+                self._hang_up(slot)
+
+    def _hang_up(self, slot: _Slot) -> None:
+        slot.reload_pending = False
+        proc = slot.proc
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.send_signal(signal.SIGHUP)
+            except OSError:
+                pass  # it just exited: its replacement reads the config afresh
 
     def _on_child(self, signum: int, frame: FrameType | None) -> None:
         pass  # the wakeup descriptor wakes the selector
@@ -301,6 +307,7 @@ class Supervisor:
         slot.link = parent_end
         slot.started_at = self._clock()
         slot.ready_at = None
+        slot.reload_pending = False  # it reads the config as it starts
         slot.restart_at = None
         slot.pids.append(slot.proc.pid)
         self._selector.register(parent_end, selectors.EVENT_READ, slot)
@@ -330,6 +337,8 @@ class Supervisor:
             if _READY in data and slot.ready_at is None:
                 slot.ready_at = self._clock()
                 log.info("worker %d ready", slot.index)
+                if slot.reload_pending:
+                    self._hang_up(slot)
             if not data:
                 self._drop_link(slot)  # it is exiting: the next poll of its process reaps it
 

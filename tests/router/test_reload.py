@@ -7,6 +7,7 @@ by its PID.
 
 from __future__ import annotations
 
+import random
 import signal
 import subprocess
 import sys
@@ -19,8 +20,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from burstsched.config import parse_config_text
+from burstsched.framework import PluginContext, PluginRegistry
+from burstsched.scheduling import PreviousPlugins, build_scheduler
 from burstsched.server.reload import config_source
 from burstsched.server.serve import RunningRouter, running_router
+from burstsched.server.workers import WORKER_HEADER
 from burstsched.testing.ports import free_port
 from burstsched.testing.replicas import MODEL, Replica, sim_replicas
 
@@ -50,7 +55,7 @@ def config_text(
 ) -> str:
     endpoints = "".join(f"  - name: {r.name}\n    url: {r.url}\n" for r in replicas)
     return (
-        f"endpoints:\n{endpoints}{POOL}{admission}"
+        (f"endpoints:\n{endpoints}" if replicas else "endpoints: []\n") + f"{POOL}{admission}"
         "plugins:\n"
         "  - type: approx-prefix-producer\n"
         "  - type: health-filter\n"
@@ -314,3 +319,52 @@ async def test_the_file_watch_reloads_a_changed_file(tmp_path: Path) -> None:
             await wait_reloads(client, "applied", 1)
             text = (await client.get("/metrics")).text
             assert metric(text, "burstsched_config_reloads_total", outcome="refused") == 0
+
+
+def test_the_builder_reuses_unchanged_plugins_and_rebuilds_changed_ones() -> None:
+    registry = PluginRegistry.discover()
+    context = PluginContext(rng=random.Random(0))
+    first = parse_config_text(config_text([]))
+    old = build_scheduler(first, registry, context)
+    plugins = {p.name: p for p in old.profile.plugins}
+
+    reweighted = parse_config_text(config_text([], prefix_weight=0))
+    previous = PreviousPlugins(first.plugins, plugins)
+    new = build_scheduler(reweighted, registry, context, previous=previous)
+    assert {p.name for p in new.profile.plugins} == set(plugins)
+    assert all(p is plugins[p.name] for p in new.profile.plugins)  # weights live in the profile
+    assert [s.weight for s in new.profile.scorers] == [0, 2, 2]
+
+    tuned = config_text([]).replace(
+        "  - type: approx-prefix-producer\n",
+        "  - type: approx-prefix-producer\n    parameters:\n      default_capacity_blocks: 1000\n",
+    )
+    previous = PreviousPlugins(first.plugins, plugins)
+    rebuilt = build_scheduler(parse_config_text(tuned), registry, context, previous=previous)
+    producer = rebuilt.profile.producers[0]
+    assert producer is not plugins["approx-prefix-producer"]
+    assert "approx-prefix-producer" not in previous.reused and "queue-scorer" in previous.reused
+
+
+@pytest.mark.anyio
+async def test_the_parent_of_workers_forwards_sighup_to_each(tmp_path: Path) -> None:
+    async with sim_replicas(2) as (a, b):
+        path = tmp_path / "router.yaml"
+        path.write_text(config_text([a]))
+        async with serve_process(path, "--workers", "2") as (proc, client):  # one worker serving
+            url = str(client.base_url)
+            applied: set[str] = set()
+
+            async def both_applied() -> bool:
+                # a new connection each time: the kernel spreads them over the workers' sockets
+                async with httpx.AsyncClient(base_url=url, timeout=5) as fresh:
+                    response = await fresh.get("/metrics")
+                if metric(response.text, "burstsched_config_reloads_total", outcome="applied") >= 1:
+                    applied.add(response.headers[WORKER_HEADER])
+                return applied == {"0", "1"}
+
+            # at once: a worker still starting gets the SIGHUP once it serves
+            path.write_text(config_text([a, b]))
+            proc.send_signal(signal.SIGHUP)
+            await eventually(both_applied, within_s=30, poll=0.02)
+            assert proc.poll() is None
