@@ -368,3 +368,23 @@ async def test_the_parent_of_workers_forwards_sighup_to_each(tmp_path: Path) -> 
             proc.send_signal(signal.SIGHUP)
             await eventually(both_applied, within_s=30, poll=0.02)
             assert proc.poll() is None
+
+
+@pytest.mark.anyio
+async def test_adding_a_kv_event_consumer_is_refused(tmp_path: Path) -> None:
+    async with sim_replicas(1) as replicas:
+        path = tmp_path / "router.yaml"
+        path.write_text(config_text(replicas))
+        async with router_from(path) as (router, client):
+            profile = router.app.state.router.scheduler.profile
+            precise = config_text(replicas).replace(
+                "  - type: approx-prefix-producer\n", "  - type: precise-prefix-producer\n"
+            )
+            path.write_text(
+                precise.replace("plugin_ref: approx-prefix-producer", "plugin_ref: precise-prefix-producer")
+            )
+            outcome = await reload(client, expected=422)
+            issues = outcome["issues"]
+            assert isinstance(issues, list) and [i["field"] for i in issues] == ["plugins[0]"]
+            assert "KV events" in issues[0]["message"]
+            assert router.app.state.router.scheduler.profile is profile
