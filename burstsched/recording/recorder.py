@@ -3,10 +3,12 @@
 :meth:`Recorder.record` is the only call on a request's path: it appends one flat tuple of the request's
 primitives (ids, counts, times, the response's tail; the payload only with ``include_text``) to a deque,
 no encoding, no lock, no I/O. Primitives rather than the request's objects: a queued request then holds
-no dicts, dataclasses or decisions alive until the next flush, which the cyclic garbage collector would
-otherwise walk again and again. Every ``flush_interval_ms`` the writer thread drains the deque, formats
-each line (:func:`~burstsched.recording.line.format_line`) and appends them to the rotating file in one
-write. The deque is unbounded: a burst is never dropped, it waits for the next flush.
+no dicts, dataclasses or decisions alive until the next flush, and the tuple itself, holding nothing the
+cyclic garbage collector tracks (enums are turned into plain strings), is untracked at its first
+collection instead of being walked again and again and promoted to the oldest generation. Every
+``flush_interval_ms`` the writer thread drains the deque, formats each line
+(:func:`~burstsched.recording.line.format_line`) and appends them to the rotating file in one write. The
+deque is unbounded: a burst is never dropped, it waits for the next flush.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class Recorder:
                 arrived,
                 self._clock(),
                 request.request_id,
-                parsed.api,
+                str(parsed.api),  # a plain str: the tuple then holds nothing the GC tracks
                 request.model,
                 parsed.stream,
                 request.block_tokens,
@@ -96,7 +98,7 @@ class Recorder:
                 payload.get("max_tokens"),
                 admitted.window_id,
                 admitted.group_id,
-                admitted.role,
+                str(admitted.role),
                 admitted.group_size,
                 admitted.waited_s,
                 served.endpoint,
