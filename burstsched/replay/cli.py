@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 
 from burstsched.config import ConfigError, RouterConfig, load_config
+from burstsched.replay.calibrate import calibrate
 from burstsched.replay.rebuild import rebuild_prompts
 from burstsched.replay.report import OBJECTIVES, best, recorded_row, row, text_table, write_report
 from burstsched.replay.runner import ReplayOptions, ReplayResult, replay_one
@@ -30,7 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", action="append", type=Path, default=[], help="a router config (repeat)")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a grid axis")
     parser.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
-    parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per replica (16 tokens each)")
+    parser.add_argument(
+        "--kv-blocks", type=int, default=None, help="KV blocks per replica (of --block-size tokens each)"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="tokens per KV block, as on the recorded replicas (default 16)",
+    )
+    parser.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="keep the simulator's default speed instead of fitting it to the trace's recorded TTFTs",
+    )
     parser.add_argument("--speed", type=float, default=1.0, help="arrival-rate multiplier (default 1)")
     parser.add_argument(
         "--time-scale", type=float, default=0.25, help="simulator time per real second (default 0.25: 4x)"
@@ -88,8 +102,18 @@ def run(args: argparse.Namespace) -> int:
     if not requests:
         print("burstsched replay: the trace holds no request", file=sys.stderr)
         return 2
+    calibration = None if args.no_calibrate else calibrate(requests)
+    if calibration is not None:
+        print(calibration.describe())
+    elif not args.no_calibrate:
+        print("too few recorded TTFTs to calibrate: the simulator keeps its default speed")
     options = ReplayOptions(
-        replicas=args.replicas, kv_blocks=args.kv_blocks, speed=args.speed, time_scale=args.time_scale
+        replicas=args.replicas,
+        kv_blocks=args.kv_blocks,
+        speed=args.speed,
+        time_scale=args.time_scale,
+        block_size=args.block_size,
+        cost=None if calibration is None else calibration.cost,
     )
     results, skipped, elapsed = anyio.run(replay_all, configs, requests, options, args.budget_s)
     summary = summarize_trace(requests)

@@ -5,9 +5,17 @@ to the end of block ``i``. The rebuilt prompt is a completions prompt (its rende
 so the router's blocks are exactly the text's ``block_tokens × bytes_per_token``-byte slices) made of one
 synthetic text per recorded block, chosen by the block's hash, then a tail unique to the request up to
 its recorded size. Two rebuilt prompts therefore share exactly as many leading router blocks as their
-recorded chains did. The text is ASCII words of 1–5 letters, each with its leading space, which the
-simulator's tokenizer counts at about one token per 4 bytes, like the router's pseudo-tokens; a block
-boundary falls between words, so the engine's tokens of a shared prefix are shared as well.
+recorded chains did. The text is ASCII words of 1–5 letters, each with its leading space (the simulator's
+tokenizer counts about 3.3 bytes a token of it, measured by :func:`sim_bytes_per_token`); a block boundary
+falls between words, so the engine's tokens of a shared prefix are shared as well.
+
+Sizes follow the engine when the trace has the replicas' own token counts (usage's ``prompt_tokens``,
+recorded as ``input_tokens``): every block's text is stretched by the trace's median ratio of engine tokens
+to pseudo-tokens, so a rebuilt prompt costs the simulated replica as many tokens (prefill and KV blocks) as
+the recorded one cost the real replica; the router then cuts it into proportionally more blocks, with the
+same sharing. Without the stretch a chat trace from vLLM (about 2 bytes a token) replays with half its
+tokens: the caches hold twice the documents and the hit rate comes out 8 points high (measured). A trace
+without usage is rebuilt block for block, as the router saw it.
 
 Limits: a chain stops at the router's ``max_blocks``; what a prompt held past it is rebuilt as unique
 text. Prompts rendered from chat messages are rebuilt as completions prompts of the same size.
@@ -15,11 +23,13 @@ text. Prompts rendered from chat messages are rebuilt as completions prompts of 
 
 from __future__ import annotations
 
+import functools
 import random
 import string
 from collections.abc import Sequence
 
 from burstsched.replay.trace import TracedRequest
+from burstsched.sim.tokenizer import BuiltinTokenizer
 
 _LETTERS = string.ascii_lowercase
 
@@ -42,15 +52,42 @@ def block_text(block_hash: int, size: int) -> str:
     return _words(random.Random(block_hash), size)
 
 
-def rebuild_prompt(request: TracedRequest, unique: int) -> str:
-    """The prompt of one recorded request; ``unique`` seeds its tail (distinct per request)."""
-    block_bytes = request.block_tokens * request.bytes_per_token
+def rebuild_prompt(request: TracedRequest, unique: int, engine_scale: float | None = None) -> str:
+    """The prompt of one recorded request; ``unique`` seeds its tail (distinct per request).
+
+    ``engine_scale`` None: each block is the router's block size in bytes, so the router hashes the rebuilt
+    prompt into a chain as long as the recorded one. A number (engine tokens per router pseudo-token): each
+    block becomes text the simulator counts as ``block_tokens × engine_scale`` tokens, and the prompt as
+    many tokens as the replica counted (see the module's note).
+    """
+    if engine_scale is None:
+        block_bytes = request.block_tokens * request.bytes_per_token
+        size = request.prompt_tokens * request.bytes_per_token
+    else:
+        bytes_per_token = sim_bytes_per_token()
+        block_bytes = max(2, round(request.block_tokens * engine_scale * bytes_per_token))
+        tokens = request.input_tokens or request.prompt_tokens * engine_scale
+        size = round(tokens * bytes_per_token)
     parts = [block_text(h, block_bytes) for h in request.blocks]
-    total = max(request.prompt_tokens * request.bytes_per_token, len(parts) * block_bytes + 1)
+    total = max(size, len(parts) * block_bytes + 1)
     tail = total - len(parts) * block_bytes
     parts.append(_words(random.Random(f"tail-{unique}"), max(tail, 2)))
     return "".join(parts)
 
 
+@functools.cache
+def sim_bytes_per_token() -> float:
+    """Bytes of the synthetic text per token of the simulator's tokenizer (measured once, on 200 blocks)."""
+    text = "".join(block_text(i, 256) for i in range(200))
+    return len(text) / len(BuiltinTokenizer().encode(text, add_special_tokens=False))
+
+
+def engine_scale(requests: Sequence[TracedRequest]) -> float | None:
+    """The median of engine tokens per router pseudo-token over ``requests`` (None: no usage recorded)."""
+    ratios = sorted(r.input_tokens / r.prompt_tokens for r in requests if r.input_tokens and r.prompt_tokens)
+    return ratios[len(ratios) // 2] if ratios else None
+
+
 def rebuild_prompts(requests: Sequence[TracedRequest]) -> list[str]:
-    return [rebuild_prompt(r, i) for i, r in enumerate(requests)]
+    scale = engine_scale(requests)
+    return [rebuild_prompt(r, i, scale) for i, r in enumerate(requests)]

@@ -24,7 +24,7 @@ import httpx
 
 from burstsched.config import RouterConfig
 from burstsched.replay.trace import TracedRequest
-from burstsched.sim import SimConfig, SimPool
+from burstsched.sim import CostModel, SimConfig, SimPool
 from burstsched.wire.sse import DONE, aiter_data
 from burstsched.workloads.docqa_run import settled_snapshot, snapshot
 from burstsched.workloads.pools import event_args
@@ -41,6 +41,10 @@ class ReplayOptions:
     """Arrival-rate multiplier: 2 replays the trace's arrivals twice as fast."""
     time_scale: float = 0.25
     """Simulator time per real second's worth of work (0.25: four times faster than real time)."""
+    block_size: int = 16
+    """Tokens per KV block of the simulated replicas (the recorded replicas' block size)."""
+    cost: CostModel | None = None
+    """The simulator's costs (None: its defaults); :func:`burstsched.replay.calibrate.calibrate` fits them."""
     request_timeout_s: float = 120.0
 
 
@@ -124,9 +128,12 @@ async def replay_one(
     events = "tcp://127.0.0.1:*"
     sim = SimConfig(
         time_scale=options.time_scale,
+        block_size=options.block_size,
         kv_events_endpoint=events,
         kv_events_replay_endpoint=events,
     )
+    if options.cost is not None:
+        sim = replace(sim, cost=options.cost)
     if options.kv_blocks is not None:
         sim = replace(sim, num_gpu_blocks=options.kv_blocks)
     scale = options.time_scale

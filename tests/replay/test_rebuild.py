@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
+import pytest
+
 from burstsched.prefix.hashing import block_hashes, pseudo_tokens
-from burstsched.replay.rebuild import rebuild_prompts
+from burstsched.replay.calibrate import calibrate
+from burstsched.replay.rebuild import engine_scale, rebuild_prompts, sim_bytes_per_token
 from burstsched.replay.trace import TracedRequest
+from burstsched.sim.tokenizer import BuiltinTokenizer
 
 
 def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -45,3 +50,49 @@ def test_prompts_sharing_k_leading_blocks_share_k_blocks_after_rebuild() -> None
         assert prompt.isascii()
     for i, j in itertools.combinations(range(len(chains)), 2):
         assert _common(rebuilt[i], rebuilt[j]) == _common(chains[i], chains[j]), (i, j)
+
+
+def test_with_recorded_usage_a_rebuilt_prompt_costs_the_simulator_the_recorded_tokens() -> None:
+    """A chat trace from vLLM counts ~2 bytes a token: the rebuild follows the engine's count."""
+    rng = random.Random(5)
+    shared = tuple(rng.getrandbits(64) for _ in range(8))
+    requests = []
+    for i in range(12):
+        traced = _traced(shared[: rng.randint(2, 8)] + (rng.getrandbits(64),), rng.randint(1, 63))
+        requests.append(dataclasses.replace(traced, input_tokens=int(traced.prompt_tokens * 1.9) + i))
+    tokenizer = BuiltinTokenizer()
+    prompts = rebuild_prompts(requests)
+    for request, prompt in zip(requests, prompts, strict=True):
+        counted = len(tokenizer.encode(prompt, add_special_tokens=False))
+        assert request.input_tokens is not None
+        assert abs(counted - request.input_tokens) <= 0.05 * request.input_tokens
+    rebuilt = [block_hashes(p.encode(), model="kv-demo") for p in prompts]
+    scale = engine_scale(requests)
+    assert scale is not None
+    block_bytes = round(64 * scale * sim_bytes_per_token())
+    for i, j in itertools.combinations(range(len(requests)), 2):  # the same sharing, in the router's blocks
+        shared_bytes = _common(requests[i].blocks, requests[j].blocks) * block_bytes
+        assert shared_bytes // 256 <= _common(rebuilt[i], rebuilt[j]) <= (shared_bytes + 16) // 256
+
+
+def test_calibration_recovers_the_costs_that_made_the_ttfts() -> None:
+    """TTFTs made from known costs, a third of them delayed by a queue: the fit finds the costs again."""
+    rng = random.Random(11)
+    step, prefill, frontend = 0.004, 80e-6, 12e-6
+    requests = []
+    for i in range(90):
+        prompt = rng.randint(500, 4000)
+        cached = rng.choice([0, prompt // 2, prompt - 100])
+        ttft = step + prefill * (prompt - cached) + frontend * prompt
+        if i % 3 == 0:
+            ttft += rng.uniform(0.05, 0.3)  # waited behind others
+        base = _traced((1, 2), 10)
+        requests.append(
+            dataclasses.replace(base, input_tokens=prompt, cached_tokens=cached, ttft_ms=ttft * 1000)
+        )
+    fitted = calibrate(requests)
+    assert fitted is not None and fitted.points == 90
+    assert fitted.cost.step_overhead_s == pytest.approx(step, abs=1e-3)
+    assert fitted.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
+    assert fitted.cost.frontend_s_per_prompt_token == pytest.approx(frontend, rel=0.15)
+    assert calibrate(requests[:5]) is None  # too few points
