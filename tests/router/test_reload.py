@@ -253,7 +253,7 @@ async def serve_process(
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], httpx.AsyncClient]]:
     port = free_port()
     args = [sys.executable, "-m", "burstsched", "serve", "--config", str(path), "--port", str(port), *extra]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: ASYNC220
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
 
@@ -274,8 +274,6 @@ async def serve_process(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-        assert proc.stderr is not None
-        proc.stderr.close()
 
 
 async def wait_reloads(client: httpx.AsyncClient, outcome: str, count: int) -> None:

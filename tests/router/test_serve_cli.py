@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import anyio
@@ -50,7 +51,8 @@ async def test_serve_process_routes_and_stops_on_sigint() -> None:
         args += ["--port", str(port)]
         for replica in replicas:
             args += ["--endpoint", f"{replica.name}={replica.url}"]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: ASYNC220
+        log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the server runs
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)  # noqa: ASYNC220
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
 
@@ -70,8 +72,8 @@ async def test_serve_process_routes_and_stops_on_sigint() -> None:
             proc.send_signal(signal.SIGINT)
             with anyio.fail_after(20):
                 code = await anyio.to_thread.run_sync(proc.wait)
-            assert proc.stderr is not None
-            stderr = proc.stderr.read().decode()
-            proc.stderr.close()
+            log.seek(0)
+            stderr = log.read().decode()
+            log.close()
         assert code == 0, stderr
         assert "Traceback" not in stderr

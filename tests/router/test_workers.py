@@ -9,10 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import IO
 
 import anyio
 import httpx
@@ -76,13 +78,16 @@ async def workers_answering(client: httpx.AsyncClient, expected: set[str], *, wi
 @asynccontextmanager
 async def serve_workers(
     replicas: Sequence[Replica], workers: int = 2, extra: Sequence[str] = ()
-) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], str, IO[bytes]]]:
+    """``burstsched serve --workers`` over ``replicas``: the process, its URL and its stderr (a file: a pipe
+    nobody reads fills up, and the supervisor would block on its next log line)."""
     port = free_port()
     args = [sys.executable, "-m", "burstsched", "serve", "--config", str(CONFIG), "--port", str(port)]
     args += ["--workers", str(workers), *extra]
     for replica in replicas:
         args += ["--endpoint", f"{replica.name}={replica.url}"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: ASYNC220
+    stderr = tempfile.TemporaryFile()
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)  # noqa: ASYNC220
     seen: set[int] = set()
     try:
         url = f"http://127.0.0.1:{port}"
@@ -99,7 +104,7 @@ async def serve_workers(
                     return False
 
             await eventually(ready, within_s=60, poll=0.1)
-        yield proc, url
+        yield proc, url, stderr
     finally:
         seen.update(children(proc.pid))
         if proc.poll() is None:
@@ -112,13 +117,12 @@ async def serve_workers(
                     os.kill(pid, signal.SIGKILL)
         if proc.returncode is None:
             proc.wait(timeout=10)
-        assert proc.stderr is not None
-        proc.stderr.close()
+        stderr.close()
 
 
 @pytest.mark.anyio
 async def test_two_workers_serve_one_port_each_with_its_own_metrics() -> None:
-    async with sim_replicas(2) as replicas, serve_workers(replicas) as (proc, url):
+    async with sim_replicas(2) as replicas, serve_workers(replicas) as (proc, url, stderr):
         workers = children(proc.pid)
         async with fresh_client(url) as client:
             await workers_answering(client, {"0", "1"})
@@ -144,7 +148,7 @@ async def test_two_workers_serve_one_port_each_with_its_own_metrics() -> None:
 
 @pytest.mark.anyio
 async def test_sigterm_drains_a_stream_and_every_process_exits() -> None:
-    async with sim_replicas(1) as replicas, serve_workers(replicas) as (proc, url):
+    async with sim_replicas(1) as replicas, serve_workers(replicas) as (proc, url, stderr):
         workers = children(proc.pid)
         assert len(workers) == 2
         events: list[str] = []
@@ -167,8 +171,8 @@ async def test_sigterm_drains_a_stream_and_every_process_exits() -> None:
         with anyio.fail_after(30):
             code = await anyio.to_thread.run_sync(proc.wait)
         assert code == 0
-        assert proc.stderr is not None
-        assert "Traceback" not in proc.stderr.read().decode()
+        stderr.seek(0)
+        assert "Traceback" not in stderr.read().decode()
 
         async def all_gone() -> bool:
             return not any(alive(pid) for pid in workers)
@@ -178,7 +182,9 @@ async def test_sigterm_drains_a_stream_and_every_process_exits() -> None:
 
 @pytest.mark.anyio
 async def test_a_killed_worker_is_replaced() -> None:
-    async with sim_replicas(2) as replicas, serve_workers(replicas) as (proc, url):
+    async with sim_replicas(2) as replicas, serve_workers(replicas) as (proc, url, stderr):
+        async with fresh_client(url) as client:  # both serving, so the parent has seen both ready:
+            await workers_answering(client, {"0", "1"})  # a worker lost while starting fails the start
         before = children(proc.pid)
         victim = min(before)
         os.kill(victim, signal.SIGKILL)
@@ -187,7 +193,14 @@ async def test_a_killed_worker_is_replaced() -> None:
             now = children(proc.pid)
             return len(now) == 2 and victim not in now and not alive(victim)
 
-        await eventually(replaced, within_s=30, poll=0.05)
+        try:
+            await eventually(replaced, within_s=30, poll=0.05)
+        except TimeoutError:
+            stderr.seek(0)
+            log = stderr.read().decode(errors="replace")[-3000:]
+            raise AssertionError(
+                f"not replaced: children {children(proc.pid)}, victim {victim}\n{log}"
+            ) from None
         assert proc.poll() is None
         after = children(proc.pid)
         assert len(after - before) == 1
