@@ -208,7 +208,7 @@ def _chunked_body(buffer: bytearray, start: int) -> tuple[bytes, int] | None:
         pos += size + 2
 
 
-def _header(lower_head: bytes, name: bytes) -> bytes | None:
+def header_value(lower_head: bytes, name: bytes) -> bytes | None:
     """A header's value from a lowercased request head (the first occurrence)."""
     start = lower_head.find(b"\r\n" + name + b":")
     if start < 0:
@@ -248,7 +248,7 @@ class BackendProtocol(asyncio.Protocol):
                 return
             lower = head.lower()
             body_start = head_end + 4
-            if _header(lower, b"transfer-encoding") == b"chunked":
+            if header_value(lower, b"transfer-encoding") == b"chunked":
                 try:
                     chunked = _chunked_body(self._buffer, body_start)
                 except ValueError:
@@ -259,14 +259,14 @@ class BackendProtocol(asyncio.Protocol):
                     return
                 body, end = chunked
             else:
-                length_text = _header(lower, b"content-length")
+                length_text = header_value(lower, b"content-length")
                 end = body_start + (int(length_text) if length_text else 0)
                 if len(self._buffer) < end:
                     return
                 body = bytes(self._buffer[body_start:end])
             del self._buffer[:end]
             transport.write(self._backend.answer(parts[0], parts[1], body))
-            if _header(lower, b"connection") == b"close" or parts[2] == b"HTTP/1.0":
+            if header_value(lower, b"connection") == b"close" or parts[2] == b"HTTP/1.0":
                 transport.close()
                 return
 

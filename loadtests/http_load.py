@@ -12,6 +12,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from loadtests.fast_backend import header_value
+
 MAX_HEAD_BYTES = 65536
 
 
@@ -43,11 +45,11 @@ def response_end(buffer: bytes | bytearray) -> tuple[int, int] | None:
     except ValueError as exc:
         raise ResponseError(f"not an HTTP response: {bytes(buffer[:40])!r}") from exc
     body_start = head_end + 4
-    length = _header(head, b"content-length")
+    length = header_value(head, b"content-length")
     if length is not None:
         end = body_start + int(length)
         return (status, end) if len(buffer) >= end else None
-    if _header(head, b"transfer-encoding") == b"chunked":
+    if header_value(head, b"transfer-encoding") == b"chunked":
         pos = body_start
         while True:
             line_end = buffer.find(b"\r\n", pos)
@@ -67,15 +69,6 @@ def response_end(buffer: bytes | bytearray) -> tuple[int, int] | None:
     if status in (204, 304) or 100 <= status < 200:
         return status, body_start
     raise ResponseError("response without a length")
-
-
-def _header(lower_head: bytes, name: bytes) -> bytes | None:
-    start = lower_head.find(b"\r\n" + name + b":")
-    if start < 0:
-        return None
-    start += len(name) + 3
-    end = lower_head.find(b"\r\n", start)
-    return lower_head[start : end if end >= 0 else len(lower_head)].strip()
 
 
 class _ClientProtocol(asyncio.Protocol):

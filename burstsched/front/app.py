@@ -513,10 +513,11 @@ def create_app(
     ]
 
     def hot(api: ApiKind) -> ASGIApp:
-        """The same middleware, outermost first, around one completions endpoint."""
-        guarded = ErrorGuard(_CompletionsEndpoint(api))
-        deadline = BodyDeadlineMiddleware(guarded, body_timeout_s=body_timeout_s)
-        return RefuseWhileDraining(AuthMiddleware(deadline, settings=auth_settings), drainer=drainer)
+        """The same middleware as every other route, outermost first, around one completions endpoint."""
+        wrapped: ASGIApp = ErrorGuard(_CompletionsEndpoint(api))
+        for cls, args, kwargs in reversed(middleware):
+            wrapped = cls(wrapped, *args, **kwargs)
+        return wrapped
 
     app = RouterApp(
         hot={"/v1/chat/completions": hot(ApiKind.CHAT), "/v1/completions": hot(ApiKind.COMPLETIONS)},
