@@ -129,6 +129,12 @@ class KVEventHub:
         self._tg.start_soon(self._follow, stream, scope)
         log.info("following KV events of %s at %s", address.endpoint, address.events)
 
+    def follow_in_process(self, endpoint: str) -> None:
+        """Take ``endpoint``'s events from a caller on this loop (an in-process replica's engine hands each
+        step's batch to :meth:`batch`) instead of a ZMQ stream: the consumers hear the stream is live."""
+        for consumer in self._consumers:
+            consumer.on_kv_stream_live(endpoint)
+
     @staticmethod
     async def _follow(stream: EventStream, scope: anyio.CancelScope) -> None:
         with scope:

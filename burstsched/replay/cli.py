@@ -9,6 +9,7 @@ through each config in turn (or each point of the ``--sweep`` grid over the firs
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from burstsched.replay.report import OBJECTIVES, best, recorded_row, row, text_t
 from burstsched.replay.runner import ReplayOptions, ReplayResult, replay_one
 from burstsched.replay.sweep import SweepError, grid, parse_axis
 from burstsched.replay.trace import TracedRequest, read_trace, summarize_trace
+from burstsched.replay.virtual_run import replay_virtual_all
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--speed", type=float, default=1.0, help="arrival-rate multiplier (default 1)")
     parser.add_argument(
-        "--time-scale", type=float, default=0.25, help="simulator time per real second (default 0.25: 4x)"
+        "--realtime",
+        action="store_true",
+        help="replay in real time over sockets through a `burstsched serve` process (the router's own CPU "
+        "counts) instead of in one process on virtual time (the default: as fast as the CPU allows)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="configs replayed at once on virtual time, one process each (default: the CPU count, at most 4)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.25,
+        help="with --realtime: simulator time per real second (default 0.25: 4x)",
     )
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting configs after this long")
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="ttft_p95")
@@ -70,8 +87,8 @@ async def replay_all(
     budget_s: float | None = None,
     progress: bool = True,
 ) -> tuple[list[ReplayResult], list[str], float]:
-    """Replay through each config in turn; configs whose turn comes once the budget cannot fit one more
-    run (the longest so far) are skipped."""
+    """Replay through each config in turn in real time; configs whose turn comes once the budget cannot fit
+    one more run (the longest so far) are skipped."""
     prompts = rebuild_prompts(requests)
     started = time.perf_counter()
     results: list[ReplayResult] = []
@@ -88,6 +105,18 @@ async def replay_all(
         if progress:
             print(f"replayed {label}: {result.wall_s:.1f} s", file=sys.stderr, flush=True)
     return results, skipped, time.perf_counter() - started
+
+
+def _replay(
+    args: argparse.Namespace,
+    configs: list[tuple[str, RouterConfig]],
+    requests: list[TracedRequest],
+    options: ReplayOptions,
+) -> tuple[list[ReplayResult], list[str], float]:
+    if args.realtime:
+        return anyio.run(replay_all, configs, requests, options, args.budget_s)
+    jobs = args.jobs if args.jobs is not None else min(4, os.cpu_count() or 1)
+    return replay_virtual_all(configs, requests, options, jobs=jobs, budget_s=args.budget_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,15 +136,19 @@ def run(args: argparse.Namespace) -> int:
         print(calibration.describe())
     elif not args.no_calibrate:
         print("too few recorded TTFTs to calibrate: the simulator keeps its default speed")
+    if args.jobs is not None and args.jobs < 1:
+        print("burstsched replay: --jobs must be at least 1", file=sys.stderr)
+        return 2
     options = ReplayOptions(
         replicas=args.replicas,
         kv_blocks=args.kv_blocks,
         speed=args.speed,
-        time_scale=args.time_scale,
+        time_scale=args.time_scale if args.realtime else 1.0,
+        virtual_time=not args.realtime,
         block_size=args.block_size,
         cost=None if calibration is None else calibration.cost,
     )
-    results, skipped, elapsed = anyio.run(replay_all, configs, requests, options, args.budget_s)
+    results, skipped, elapsed = _replay(args, configs, requests, options)
     summary = summarize_trace(requests)
     print(text_table([recorded_row(summary), *(row(r) for r in results)]))
     winner = best(results, args.objective)

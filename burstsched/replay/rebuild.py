@@ -25,26 +25,29 @@ from __future__ import annotations
 
 import functools
 import random
-import string
 from collections.abc import Sequence
 
 from burstsched.replay.trace import TracedRequest
 from burstsched.sim.tokenizer import BuiltinTokenizer
 
-_LETTERS = string.ascii_lowercase
+_TO_LETTERS = bytes(ord("a") + b % 26 for b in range(256))
+"""Random bytes → lowercase letters (a translation table)."""
 
 
 def _words(rng: random.Random, size: int) -> str:
     """Exactly ``size`` ASCII bytes of space-led words (each 2 to 6 bytes)."""
-    parts: list[str] = []
-    left = size
-    while left > 0:
-        length = left if left <= 6 else rng.randint(2, 6)
+    text = bytearray(rng.randbytes(size).translate(_TO_LETTERS))
+    lengths = rng.randbytes(size // 2 + 1)
+    position, word = 0, 0
+    while position < size:
+        left = size - position
+        length = left if left <= 6 else 2 + lengths[word] % 5
         if 0 < left - length < 2:  # never leave a remainder too short for a word
             length = left - 2
-        parts.append(" " + "".join(rng.choice(_LETTERS) for _ in range(length - 1)))
-        left -= length
-    return "".join(parts)
+        text[position] = 0x20
+        position += length
+        word += 1
+    return text.decode("ascii")
 
 
 def block_text(block_hash: int, size: int) -> str:

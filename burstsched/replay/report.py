@@ -111,13 +111,21 @@ def write_report(
     paths["json"].write_text(json.dumps(payload, indent=2, default=_nan_safe))
     plots = _plots(out, results)
     paths.update(plots)
+    if options.virtual_time:
+        how = (
+            "in one process on virtual time (a discrete-event run: the router's own CPU time is not counted)"
+        )
+    else:
+        how = (
+            f"in real time through a router process, simulator time scale {options.time_scale:g} "
+            "(latencies divided by it, so they read in the trace's time)"
+        )
     lines = [
         f"# Replay of {trace_name}",
         "",
         f"{summary.requests} recorded requests over {summary.duration_s:.0f} s, replayed on "
         f"{options.replicas} simulated replicas (KV blocks: {options.kv_blocks or 'simulator default'}), "
-        f"speed ×{options.speed:g}, simulator time scale {options.time_scale:g}. Latencies are in the "
-        "trace's time (measured ÷ time scale). Hit rate: the replicas' prefix-cache hits over queries "
+        f"speed ×{options.speed:g}, {how}. Hit rate: the replicas' prefix-cache hits over queries "
         "(recorded: cached over prompt tokens from the responses' usage).",
         "",
         markdown_table(rows),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from burstsched.sim import CostModel, SimConfig, SimPool
 from burstsched.wire.sse import DONE, aiter_data
 from burstsched.workloads.docqa_run import settled_snapshot, snapshot
 from burstsched.workloads.pools import event_args
+from burstsched.workloads.replica_metrics import ReplicaCounters
 from burstsched.workloads.router_process import router_process
 from burstsched.workloads.stats import percentile, ratio
 
@@ -46,6 +47,8 @@ class ReplayOptions:
     cost: CostModel | None = None
     """The simulator's costs (None: its defaults); :func:`burstsched.replay.calibrate.calibrate` fits them."""
     request_timeout_s: float = 120.0
+    virtual_time: bool = False
+    """Replayed in one process on virtual time (:mod:`burstsched.replay.virtual_run`), not over sockets."""
 
 
 @dataclass(slots=True)
@@ -171,6 +174,19 @@ async def replay_one(
                         for index in range(len(requests)):
                             tg.start_soon(one, index)
                     after = await settled_snapshot(client, endpoints, before, ok)
+    return summarize(label, requests, ok, ttfts, before, after, time.perf_counter() - started)
+
+
+def summarize(
+    label: str,
+    requests: Sequence[TracedRequest],
+    ok: int,
+    ttfts_ms: list[float],
+    before: Mapping[str, ReplicaCounters],
+    after: Mapping[str, ReplicaCounters],
+    wall_s: float,
+) -> ReplayResult:
+    """One replay's figures from its client-side TTFTs and the replicas' counters before and after."""
     diff = {name: after[name] - before[name] for name in after}
     queries = sum(d.prefix_queries for d in diff.values())
     hits = sum(d.prefix_hits for d in diff.values())
@@ -180,11 +196,11 @@ async def replay_one(
         requests=len(requests),
         ok=ok,
         hit_rate=ratio(hits, queries),
-        ttft_p50_ms=percentile(ttfts, 50),
-        ttft_p95_ms=percentile(ttfts, 95),
-        ttft_p99_ms=percentile(ttfts, 99),
+        ttft_p50_ms=percentile(ttfts_ms, 50),
+        ttft_p95_ms=percentile(ttfts_ms, 95),
+        ttft_p99_ms=percentile(ttfts_ms, 99),
         prefill_tokens_per_request=ratio(computed, ok),
         requests_per_replica={name: round(d.requests_finished) for name, d in diff.items()},
-        wall_s=time.perf_counter() - started,
-        ttfts_ms=sorted(ttfts),
+        wall_s=wall_s,
+        ttfts_ms=sorted(ttfts_ms),
     )

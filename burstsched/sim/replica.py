@@ -12,22 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import socket
 import time
 
 import uvicorn
 
-from burstsched.sim.chat_template import ChatTemplate
+from burstsched.sim.assembly import ReplicaParts
 from burstsched.sim.clock import Clock, RealClock
 from burstsched.sim.config import SimConfig
-from burstsched.sim.engine import Engine, EngineLimits
-from burstsched.sim.faults import Faults, FaultState
+from burstsched.sim.engine import Engine
+from burstsched.sim.faults import Faults
 from burstsched.sim.kv_events import KVEventPublisher
-from burstsched.sim.metrics import SimMetrics
 from burstsched.sim.recording import RecordedRequest
-from burstsched.sim.server import Client, SimState, build_app
-from burstsched.sim.tokenizer import load_tokenizer
+from burstsched.sim.server import Client, build_app
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +47,16 @@ class SimReplica:
         self.config = config
         self.name = name or config.name or "sim"
         self.clock = clock or RealClock()
-        self.tokenizer = load_tokenizer(config.tokenizer)
-        self.template = ChatTemplate(self.tokenizer.chat_template, self.tokenizer.special_tokens_map)
-        self.metrics = SimMetrics(config)
-        self.faults = FaultState(config.seed)
+        self.parts = ReplicaParts.build(config, record_requests=record_requests)
+        self.tokenizer = self.parts.tokenizer
+        self.template = self.parts.template
+        self.metrics = self.parts.metrics
+        self.faults = self.parts.faults
         self.publisher: KVEventPublisher | None = None
         self.engine: Engine | None = None
         self.port: int | None = None
         self.killed = False
-        self.requests: list[RecordedRequest] | None = [] if record_requests else None
+        self.requests: list[RecordedRequest] | None = self.parts.recorded
         """The inference requests received, in order, when recording (tests only); else None."""
         self._server: uvicorn.Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
@@ -104,38 +102,13 @@ class SimReplica:
         except Exception as exc:
             sock.close()
             raise SimStartError(f"{self.name}: cannot open KV events endpoint: {exc}") from exc
-        limits = EngineLimits(
-            block_size=cfg.block_size,
-            num_gpu_blocks=cfg.num_gpu_blocks,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_waiting_requests=cfg.max_waiting_requests,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-        )
-        self.engine = Engine(
-            limits,
-            cfg.cost,
-            clock=self.clock,
-            time_scale=cfg.time_scale,
-            seed=cfg.seed,
-            stats=self.metrics,
+        state = self.parts.assemble(
+            self.name,
+            self.clock,
             event_sink=self.publisher.publish if self.publisher else None,
-        )
-        state = SimState(
-            config=cfg,
-            name=self.name,
-            engine=self.engine,
-            tokenizer=self.tokenizer,
-            template=self.template,
-            metrics=self.metrics,
-            faults=self.faults,
-            clock=self.clock,
-            vocab=self.tokenizer.output_vocabulary(),
-            rng=random.Random(f"requests:{cfg.seed}"),
-            created=int(time.time()),
             drop_connection=self._drop_connection,
-            recorded=self.requests,
         )
+        self.engine = state.engine
         self._engine_task = asyncio.create_task(self.engine.run(), name=f"{self.name}-engine")
         server_config = uvicorn.Config(
             build_app(state),

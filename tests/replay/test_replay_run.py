@@ -20,14 +20,14 @@ from burstsched.replay.trace import read_trace, summarize_trace
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _write_trace(path: Path, count: int = 10) -> None:
+def _write_trace(path: Path, count: int = 10, gap_s: float = 0.2) -> None:
     rng = random.Random(5)
     document = [rng.getrandbits(64) for _ in range(12)]
     with path.open("w") as handle:
         for i in range(count):
             line = {
                 "v": 1,
-                "t": 1_700_000_000.0 + 0.2 * i,
+                "t": 1_700_000_000.0 + gap_s * i,
                 "api": "chat",
                 "model": "m",
                 "stream": True,
