@@ -45,9 +45,8 @@ import random
 import shlex
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -58,48 +57,46 @@ from burstsched.workloads.docqa import (
     Corpus,
     DocQARequest,
     DocQASpec,
-    Tokenize,
     build_corpus,
     build_sequence,
     document_text,
     prompt_text,
     remeasure_corpus,
 )
-from burstsched.workloads.docqa_plots import load_curves, ttft_cdf
 from burstsched.workloads.docqa_report import markdown_table, report_markdown
-from burstsched.workloads.docqa_run import (
-    CacheConfig,
-    Progress,
-    ProgressSink,
-    RunSummary,
-    TargetRun,
-    read_cache_config,
-    run_target,
-)
-from burstsched.workloads.pools import event_args
-from burstsched.workloads.router_fleet import burstsched_fleet_target
+from burstsched.workloads.docqa_run import RequestRecord, run_target
+from burstsched.workloads.replica_state import CacheConfig, read_cache_config
 from burstsched.workloads.router_process import RouterStartError
-from burstsched.workloads.targets import (
-    ClientRandomTarget,
-    Endpoints,
-    Target,
-    TargetSpec,
-    burstsched_target,
-    parse_targets,
+from burstsched.workloads.run_summary import RunSummary, TargetRun
+from burstsched.workloads.targets import Target, parse_targets
+from loadtests.peers import PeerUnavailable
+from loadtests.replica_pool import (
+    VLLM_BLOCK_SIZE,
+    Pool,
+    add_pool_arguments,
+    kv_blocks_for,
+    open_pool,
+    sizing_replica,
+    tokenizer_of,
 )
-from loadtests.peers import PEERS, PeerUnavailable, PeerVenvError, ensure_venv, peer_target
+from loadtests.run_plots import write_plots
+from loadtests.run_targets import (
+    add_run_arguments,
+    build_targets,
+    progress_line,
+    reason,
+)
+from loadtests.run_targets import run_with_retries as run_attempts
 
 DEFAULT_TARGETS = (
     "burstsched:config/default.yaml,random,sglang:cache_aware,sglang:round_robin,vllm-router:cache_aware"
 )
-VLLM_BLOCK_SIZE = 128
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--backend", choices=("sim", "vllm"), default="sim")
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--targets", default=DEFAULT_TARGETS)
+    add_pool_arguments(parser)
+    add_run_arguments(parser, DEFAULT_TARGETS)
     parser.add_argument(
         "--routers",
         default="1",
@@ -116,16 +113,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per target")
     parser.add_argument("--max-requests", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per replica")
-    parser.add_argument("--cache-fraction", type=float, default=0.5)
-    parser.add_argument("--block-size", type=int, default=16, help="simulator only (vLLM on CPU: 128)")
-    parser.add_argument("--time-scale", type=float, default=0.1, help="simulator only")
     parser.add_argument("--calibration", type=int, default=3, help="cold requests per replica for --load")
-    parser.add_argument("--drain-timeout", type=float, default=120.0)
-    parser.add_argument(
-        "--max-send-lag-ms", type=float, default=250.0, help="repeat a run sent later than this"
-    )
-    parser.add_argument("--retries", type=int, default=1, help="repeats of a run whose send lag was too high")
     parser.add_argument("--tag", default=None, help="report file names (default docqa-<backend>-<N>r)")
     parser.add_argument("--out-dir", type=Path, default=Path("loadtests/reports"))
     args = parser.parse_args(argv)
@@ -139,152 +127,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# -- the pool ------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Pool:
-    endpoints: Endpoints
-    model: str
-    router_args: tuple[str, ...] = ()
-    """burstsched's extra command line: the replicas' KV-event addresses and the tokenizer (precise mode)."""
-
-
-def tokenizer_of(client: httpx.AsyncClient, url: str, model: str) -> Tokenize:
-    """Token ids of a text as one user message, through a replica's ``/tokenize`` (chat template applied)."""
-
-    async def tokenize(text: str) -> list[int]:
-        body = {"model": model, "messages": [{"role": "user", "content": text}]}
-        response = await client.post(f"{url}/tokenize", json=body)
-        response.raise_for_status()
-        return [int(t) for t in response.json()["tokens"]]
-
-    return tokenize
-
-
-def tokenizer_dir(backend: str) -> Path | None:
-    """The tokenizer the replicas use: the tiny model's for real vLLM, the built-in one (None) otherwise."""
-    if backend != "vllm":
-        return None
-    from burstsched.testing import ensure_model
-
-    return ensure_model()
-
-
-@asynccontextmanager
-async def sizing_replica(backend: str) -> AsyncIterator[Pool]:
-    """A one-replica simulator with the serving tokenizer, to size documents before the pool exists."""
-    from burstsched.sim import SimConfig, SimPool
-
-    folder = tokenizer_dir(backend)
-    config = SimConfig(time_scale=0.0, tokenizer=None if folder is None else str(folder))
-    async with SimPool(1, config) as pool:
-        yield Pool([(pool.names[0], pool.urls[0])], config.served_model_name)
-
-
-@asynccontextmanager
-async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int) -> AsyncIterator[Pool]:
-    if args.backend == "sim":
-        from burstsched.sim import SimConfig, SimPool
-
-        config = SimConfig(
-            time_scale=args.time_scale,
-            block_size=args.block_size,
-            num_gpu_blocks=kv_blocks,
-            max_model_len=max_model_len,
-            kv_events_endpoint="tcp://127.0.0.1:*",
-            kv_events_replay_endpoint="tcp://127.0.0.1:*",
-        )
-        async with SimPool(args.replicas, config) as pool:
-            router_args = event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
-            yield Pool(
-                list(zip(pool.names, pool.urls, strict=True)),
-                config.served_model_name,
-                (*router_args, "--tokenizer", "remote"),
-            )
-        return
-    from burstsched.testing import VllmConfig, ensure_model, real_vllm_pool
-
-    vllm = VllmConfig(
-        num_gpu_blocks_override=kv_blocks,
-        max_model_len=max_model_len,
-        prompt_tokens_details=True,
-        kv_events=True,
-    )
-    async with real_vllm_pool(args.replicas, vllm) as pool:
-        router_args = event_args(
-            pool.names,
-            [r.kv_events_endpoint for r in pool.replicas],
-            [r.kv_replay_endpoint for r in pool.replicas],
-        )
-        yield Pool(pool.endpoints, pool.model, (*router_args, "--tokenizer", str(ensure_model())))
-
-
-# -- targets -------------------------------------------------------------------------------------------
-def build_targets(
-    specs: Sequence[TargetSpec],
-    seed: int,
-    router_args: Sequence[str] = (),
-    router_counts: Sequence[int] = (1,),
-) -> tuple[list[Target], dict[str, str]]:
-    """Targets to run, and those skipped with the reason (a peer whose venv cannot be built)."""
-    targets: list[Target] = []
-    skipped: dict[str, str] = {}
-    for spec in specs:
-        if spec.kind == "burstsched":
-            config = Path(spec.option or "config/default.yaml")
-            if not config.is_file():
-                raise SystemExit(f"target {spec.label}: no config file {config}")
-            for count in router_counts:
-                if count == 1:
-                    targets.append(burstsched_target(config, extra_args=router_args))
-                else:
-                    targets.append(burstsched_fleet_target(config, count, extra_args=router_args))
-        elif spec.kind == "random":
-            targets.append(ClientRandomTarget(seed))
-        elif spec.kind in PEERS:
-            try:
-                ensure_venv(PEERS[spec.kind].package)
-                targets.append(peer_target(spec.kind, spec.option or "cache_aware"))
-            except (PeerVenvError, PeerUnavailable) as exc:
-                skipped[spec.label] = reason(exc)
-                print(f"skipping {spec.label}: {exc}", file=sys.stderr)
-        else:
-            known = ", ".join(["burstsched", "random", *PEERS])
-            raise SystemExit(f"unknown target kind {spec.kind!r} (known: {known})")
-    return targets, skipped
-
-
-def reason(exc: BaseException) -> str:
-    """An exception as one line: its first line and, for a log tail, the tail's last line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    return lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
-
-
-def progress_line(label: str, rate: float) -> ProgressSink:
-    """One stderr line, rewritten in place, per target and rate."""
-
-    def show(p: Progress) -> None:
-        print(
-            f"\r{label} @ {rate:.2f}/s: sent {p.sent}/{p.total}, done {p.done}, failed {p.failed}, "
-            f"{p.elapsed_s:.0f} s   ",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return show
-
-
 # -- the run -------------------------------------------------------------------------------------------
-def kv_blocks_for(args: argparse.Namespace, working_set_blocks: int, max_model_len: int, block: int) -> int:
-    if args.kv_blocks is not None:
-        blocks: int = args.kv_blocks
-        return blocks
-    per_replica = math.ceil(float(args.cache_fraction) * working_set_blocks / int(args.replicas)) + 1
-    return max(per_replica, math.ceil(max_model_len / block) + 1)
-
-
 async def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     block = VLLM_BLOCK_SIZE if args.backend == "vllm" else args.block_size
@@ -329,7 +172,7 @@ async def main(args: argparse.Namespace) -> int:
             targets, skipped = build_targets(
                 parse_targets(args.targets), args.seed, pool.router_args, args.router_counts
             )
-            runs: list[tuple[float, TargetRun]] = []
+            runs: list[tuple[float, TargetRun[RequestRecord]]] = []
             attempts: list[list[float]] = []
             for rate in rates:
                 requests = build_sequence(replace(spec, rate=rate), random.Random(args.seed))
@@ -359,13 +202,11 @@ async def run_with_retries(
     rate: float,
     cache: CacheConfig,
     args: argparse.Namespace,
-) -> tuple[TargetRun, list[float]]:
-    """Run one target; run it again (up to ``--retries`` times) while the load generator itself was late
-    (send lag p99 over ``--max-send-lag-ms``: on a shared machine, the client was starved of CPU, so the
-    arrivals were not the sequence's). Returns the last run and every attempt's send lag p99."""
-    lags: list[float] = []
-    while True:
-        run = await run_target(
+) -> tuple[TargetRun[RequestRecord], list[float]]:
+    """Run one target, again while the load generator itself was late (``loadtests/run_targets.py``)."""
+
+    async def attempt() -> TargetRun[RequestRecord]:
+        return await run_target(
             client,
             target,
             pool.endpoints,
@@ -378,15 +219,8 @@ async def run_with_retries(
             drain_timeout_s=args.drain_timeout,
             progress=progress_line(target.label, rate),
         )
-        lags.append(run.summary.send_lag_p99_ms)
-        print(file=sys.stderr)
-        print(markdown_table([run.summary]).splitlines()[-1], file=sys.stderr)
-        if lags[-1] <= args.max_send_lag_ms or len(lags) > args.retries:
-            return run, lags
-        print(
-            f"{target.label}: send lag p99 {lags[-1]:.0f} ms > {args.max_send_lag_ms:.0f} ms: again",
-            file=sys.stderr,
-        )
+
+    return await run_attempts(attempt, lambda s: markdown_table([s]).splitlines()[-1], target.label, args)
 
 
 def describe(
@@ -454,7 +288,7 @@ async def calibrate(
 def write_outputs(
     args: argparse.Namespace,
     setup: dict[str, Any],
-    runs: Sequence[tuple[float, TargetRun]],
+    runs: Sequence[tuple[float, TargetRun[RequestRecord]]],
     attempts: Sequence[list[float]],
     skipped: dict[str, str],
     capacity: Capacity | None,
@@ -463,22 +297,8 @@ def write_outputs(
     out: Path = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     summaries: list[RunSummary] = [run.summary for _, run in runs]
-    plots: list[str] = []
-    rates = sorted({rate for rate, _ in runs})
-    for rate in rates:
-        name = f"{tag}-ttft-cdf" + (f"-{rate:.2f}" if len(rates) > 1 else "") + ".png"
-        ttfts = {
-            run.summary.target: [r.ttft_ms for r in run.records if r.ok and r.ttft_ms is not None]
-            for rr, run in runs
-            if rr == rate
-        }
-        ttft_cdf(ttfts, f"TTFT, {args.backend}, {args.replicas} replicas, {rate:.2f} requests/s", out / name)
-        plots.append(name)
-    if len(rates) > 1:
-        name = f"{tag}-load.png"
-        capacity_rps = capacity.requests_per_s if capacity is not None else None
-        load_curves(summaries, f"{args.backend}, {args.replicas} replicas", out / name, capacity_rps)
-        plots.append(name)
+    capacity_rps = capacity.requests_per_s if capacity is not None else None
+    plots = write_plots(out, tag, f"{args.backend}, {args.replicas} replicas", runs, capacity_rps)
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     document = {
         "command": command,
@@ -496,8 +316,8 @@ def write_outputs(
     (out / f"{tag}.md").write_text(report_markdown(title, command, setup, summaries, skipped, plots))
     print()
     print(markdown_table(summaries))
-    for label, reason in skipped.items():
-        print(f"skipped {label}: {reason}")
+    for label, why in skipped.items():
+        print(f"skipped {label}: {why}")
     print(f"\nwrote {out / (tag + '.json')}, {out / (tag + '.md')} and {len(plots)} plot(s)")
 
 

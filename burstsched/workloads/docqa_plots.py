@@ -13,7 +13,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from burstsched.workloads.docqa_run import RunSummary
+from burstsched.workloads.run_summary import RunSummary
 
 
 def ttft_cdf(ttfts_ms: Mapping[str, Sequence[float]], title: str, path: Path) -> None:

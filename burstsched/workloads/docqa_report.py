@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from burstsched.workloads.docqa_run import RunSummary
+from burstsched.workloads.report_page import aligned_table, report_page
+from burstsched.workloads.report_page import num as _num
+from burstsched.workloads.report_page import pct as _pct
+from burstsched.workloads.run_summary import RunSummary
 
 COLUMNS = (
     "target",
@@ -23,14 +25,6 @@ COLUMNS = (
     "requests per replica",
     "send lag p99 ms",
 )
-
-
-def _pct(value: float) -> str:
-    return "-" if math.isnan(value) else f"{100 * value:.1f}%"
-
-
-def _num(value: float, digits: int = 0) -> str:
-    return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
 def table_row(s: RunSummary) -> tuple[str, ...]:
@@ -54,11 +48,19 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
 
 def markdown_table(summaries: Sequence[RunSummary]) -> str:
     """One row per run, columns aligned."""
-    rows = [COLUMNS, *(table_row(s) for s in summaries)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)) + " |" for row in rows]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return aligned_table(COLUMNS, [table_row(s) for s in summaries])
+
+
+NOTES = (
+    "hit rate: Σ Δ`vllm:prefix_cache_hits` / Σ Δ`vllm:prefix_cache_queries` over the replicas; ideal: "
+    "perfect document affinity with an infinite cache over the same completed requests (each document's "
+    "first request cold, later ones hit every full block of the document part); TTFT client side "
+    "(sending → first content); prefill tok/req: Δ`vllm:request_prefill_kv_computed_tokens_sum` / "
+    "completed requests; requests per replica from the `x-burstsched-endpoint` header (header), the "
+    "client's own choice (client) or Δ`vllm:request_success_total` (counters); send lag: how late the "
+    "load generator sent a request after its scheduled arrival (large values mean the client, not the "
+    "pool, was the bottleneck)."
+)
 
 
 def report_markdown(
@@ -70,26 +72,4 @@ def report_markdown(
     plots: Sequence[str],
 ) -> str:
     """The report page: how it was run, the table, what was skipped and why, the plots."""
-    lines = [f"# {title}", "", "```", command, "```", "", "## Setup", ""]
-    lines += [f"- {key}: {value}" for key, value in setup.items()]
-    lines += ["", "## Results", "", markdown_table(summaries), ""]
-    lines += [
-        "hit rate: Σ Δ`vllm:prefix_cache_hits` / Σ Δ`vllm:prefix_cache_queries` over the replicas; ideal: "
-        "perfect document affinity with an infinite cache over the same completed requests (each document's "
-        "first request cold, later ones hit every full block of the document part); TTFT client side "
-        "(sending → first content); prefill tok/req: Δ`vllm:request_prefill_kv_computed_tokens_sum` / "
-        "completed requests; requests per replica from the `x-burstsched-endpoint` header (header), the "
-        "client's own choice (client) or Δ`vllm:request_success_total` (counters); send lag: how late the "
-        "load generator sent a request after its scheduled arrival (large values mean the client, not the "
-        "pool, was the bottleneck).",
-        "",
-    ]
-    if skipped:
-        lines += ["## Skipped targets", ""]
-        lines += [f"- {label}: {reason}" for label, reason in skipped.items()]
-        lines.append("")
-    if plots:
-        lines += ["## Plots", ""]
-        lines += [f"![{name}]({name})" for name in plots]
-        lines.append("")
-    return "\n".join(lines)
+    return report_page(title, command, setup, markdown_table(summaries), NOTES, skipped, plots)

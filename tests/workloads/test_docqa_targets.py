@@ -54,7 +54,7 @@ async def test_client_random_is_seeded_per_request_and_spreads() -> None:
 def _record(
     index: int, document: int, replica: str | None, *, ok: bool = True, **kw: object
 ) -> RequestRecord:
-    record = RequestRecord(index, document, arrival_s=index * 0.1, sent_s=index * 0.1, replica=replica)
+    record = RequestRecord(index, index * 0.1, sent_s=index * 0.1, replica=replica, document=document)
     if ok:
         record.status, record.ttft_ms, record.e2e_ms = 200, 10.0 * (index + 1), 100.0
         record.prompt_tokens, record.completion_tokens = 40, 4

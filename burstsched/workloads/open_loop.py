@@ -1,0 +1,223 @@
+"""Sending a planned request sequence open loop and recording what each request did.
+
+Each request is sent at its arrival time whatever happened to the ones before (a request may instead be
+told to follow an earlier one: it then also waits until that one has finished, as a chat user waits for
+the answer before typing the next turn), streamed to its end, and recorded with its client-side TTFT
+(sending → first non-empty ``delta.content``), its usage (``prompt_tokens``,
+``prompt_tokens_details.cached_tokens``) and every ``x-burstsched-*`` response header.
+:func:`measured_run` wraps a run in the replicas' counter snapshots, after resetting their prefix caches.
+The workloads (document QA, the multi-tenant chat) say what each request's body is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+
+from burstsched.workloads.replica_metrics import ReplicaCounters
+from burstsched.workloads.replica_state import reset_prefix_caches, settled_snapshot, snapshot
+from burstsched.workloads.stream_client import stream_chat
+from burstsched.workloads.targets import Dispatch, Endpoints, Route, Target
+
+HEADER_PREFIX = "x-burstsched-"
+ENDPOINT_HEADER = "x-burstsched-endpoint"
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request of a sequence did, as the client saw it. Workloads subclass it to add who sent
+    the request (keyword-only fields) and list those in :meth:`labels`."""
+
+    index: int
+    arrival_s: float
+    ready_s: float | None = None
+    """When it could be sent: its arrival, or later if the request it follows had not finished by then."""
+    sent_s: float | None = None
+    status: int | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    replica: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and self.ttft_ms is not None
+
+    @property
+    def refused(self) -> bool:
+        """Answered with an HTTP error status instead of a stream (turned away by the router or replica)."""
+        return self.status is not None and self.status != 200
+
+    def labels(self) -> dict[str, Any]:
+        """The workload's own fields of the record (for its JSON line)."""
+        return {}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            **self.labels(),
+            "arrival_s": round(self.arrival_s, 6),
+            "ready_s": None if self.ready_s is None else round(self.ready_s, 6),
+            "sent_s": None if self.sent_s is None else round(self.sent_s, 6),
+            "status": self.status,
+            "ttft_ms": self.ttft_ms,
+            "e2e_ms": self.e2e_ms,
+            "replica": self.replica,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "headers": self.headers,
+            "error": self.error,
+        }
+
+
+R = TypeVar("R", bound=RequestRecord)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Live counts while a sequence runs."""
+
+    sent: int
+    done: int
+    failed: int
+    total: int
+    elapsed_s: float
+
+
+ProgressSink = Callable[[Progress], None]
+
+
+@dataclass(slots=True)
+class _Slot:
+    """A record, whether its request has finished, and the event its followers wait on."""
+
+    value: RequestRecord
+    done: anyio.Event
+    finished: bool = False
+
+
+async def send_chat(
+    client: httpx.AsyncClient,
+    dispatch: Dispatch,
+    body: Mapping[str, Any],
+    record: RequestRecord,
+    request_id: str,
+    clock: Clock,
+) -> None:
+    """Stream one chat completion to ``dispatch`` and fill ``record`` with what came back."""
+    try:
+        result = await stream_chat(client, dispatch.base_url, dict(body), request_id, clock)
+    except (httpx.HTTPError, ValueError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+        return
+    record.status = result.status
+    record.ttft_ms = None if result.ttft_s is None else result.ttft_s * 1000
+    record.e2e_ms = result.e2e_s * 1000
+    record.headers = {k: v for k, v in result.headers.items() if k.lower().startswith(HEADER_PREFIX)}
+    record.replica = dispatch.replica or record.headers.get(ENDPOINT_HEADER)
+    usage = result.usage or {}
+    record.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+    record.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+    record.cached_tokens = result.cached_tokens
+    if result.error is not None:
+        record.error = str(result.error.get("message", result.error))[:300]
+    elif result.status == 200 and result.ttft_s is None:
+        record.error = "stream ended without content"
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) else None
+
+
+async def run_open_loop(
+    client: httpx.AsyncClient,
+    route: Route,
+    records: Sequence[R],
+    body_of: Callable[[R], Mapping[str, Any]],
+    *,
+    follows: Callable[[R], int | None] | None = None,
+    tag: str,
+    drain_timeout_s: float = 60.0,
+    clock: Clock = time.perf_counter,
+    progress: ProgressSink | None = None,
+    progress_interval_s: float = 0.5,
+) -> list[R]:
+    """Send each record's request (``body_of``) at its ``arrival_s`` (``records`` in arrival order, each
+    ``index`` its position); with ``follows``, a request also waits for the earlier one at the position
+    it names to finish. Waits for all, at most ``drain_timeout_s`` after the last arrival; a request still
+    running or waiting then is cancelled and recorded as failed."""
+    start = clock()
+    last_arrival = records[-1].arrival_s if records else 0.0
+    slots = [_Slot(r, anyio.Event()) for r in records]
+
+    async def one(record: R, slot: _Slot) -> None:
+        leader = None if follows is None else follows(record)
+        if leader is not None and not slots[leader].finished:
+            await slots[leader].done.wait()
+            record.ready_s = max(record.arrival_s, clock() - start)
+        else:
+            record.ready_s = record.arrival_s
+        record.sent_s = clock() - start
+        dispatch = route(record.index)
+        try:
+            await send_chat(client, dispatch, body_of(record), record, f"{tag}-{record.index}", clock)
+            slot.finished = True
+        finally:
+            slot.done.set()
+
+    def report() -> None:
+        if progress is not None:
+            done = sum(s.finished for s in slots)
+            failed = sum(1 for s in slots if s.finished and not s.value.ok)
+            sent = sum(1 for s in slots if s.value.sent_s is not None)
+            progress(Progress(sent, done, failed, len(slots), clock() - start))
+
+    async def reporter() -> None:
+        while True:
+            report()
+            await anyio.sleep(progress_interval_s)
+
+    with anyio.move_on_after(last_arrival + drain_timeout_s + 1.0):
+        async with anyio.create_task_group() as senders:
+            senders.start_soon(reporter)
+            async with anyio.create_task_group() as tg:
+                for record, slot in zip(records, slots, strict=True):
+                    delay = record.arrival_s - (clock() - start)
+                    if delay > 0:
+                        await anyio.sleep(delay)
+                    tg.start_soon(one, record, slot)
+            senders.cancel_scope.cancel()
+    for slot in slots:
+        if not slot.finished:
+            slot.value.error = slot.value.error or "not finished within the drain timeout"
+    report()
+    return list(records)
+
+
+async def measured_run(
+    client: httpx.AsyncClient,
+    target: Target,
+    endpoints: Endpoints,
+    model: str,
+    run: Callable[[Route], Awaitable[list[R]]],
+) -> tuple[list[R], dict[str, ReplicaCounters]]:
+    """Reset the replicas' prefix caches, open the target, ``run`` the sequence through it between two
+    counter snapshots, close it. Returns the records and each replica's counter deltas."""
+    await reset_prefix_caches(client, [url for _, url in endpoints], model=model)
+    async with target.open(endpoints) as route:
+        before = await snapshot(client, endpoints)
+        records = await run(route)
+        finished = sum(r.ok for r in records)
+        after = await settled_snapshot(client, endpoints, before, finished)
+    return records, {name: after[name] - before[name] for name in after}
