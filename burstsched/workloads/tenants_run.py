@@ -1,0 +1,118 @@
+"""Running a multi-tenant chat sequence against one target and measuring it.
+
+Open loop (:mod:`burstsched.workloads.open_loop`): each turn goes to ``/v1/chat/completions`` (streamed,
+with usage, temperature 0) at its arrival time, or once the same user's previous turn has ended if that
+is later (a user reads the answer before typing the next question). The ideal hit rate is perfect
+affinity with an infinite cache over the completed requests' prompts, as the serving tokenizer renders
+them (:func:`burstsched.workloads.tenants.ideal_hit_rate`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from burstsched.workloads.open_loop import Clock, ProgressSink, measured_run, run_open_loop
+from burstsched.workloads.open_loop import RequestRecord as BaseRecord
+from burstsched.workloads.replica_metrics import ReplicaCounters
+from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run
+from burstsched.workloads.targets import Endpoints, Route, Target
+from burstsched.workloads.tenants import ChatTurn, Tenants, ideal_hit_rate
+
+
+@dataclass(slots=True)
+class TurnRecord(BaseRecord):
+    """What one turn did, as the client saw it, and whose turn it was."""
+
+    tenant: int = field(kw_only=True)
+    user: int = field(kw_only=True)
+    turn: int = field(kw_only=True)
+    burst: int | None = field(default=None, kw_only=True)
+
+    @property
+    def waited(self) -> bool:
+        """Sent after its arrival time because the user's previous turn had not ended yet."""
+        return self.ready_s is not None and self.ready_s > self.arrival_s
+
+    def labels(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "user": self.user, "turn": self.turn, "burst": self.burst}
+
+
+def chat_request(model: str, messages: Sequence[Mapping[str, str]], max_tokens: int) -> dict[str, Any]:
+    """A turn's body: the whole conversation, streamed with usage, greedy, exactly ``max_tokens`` out."""
+    return {
+        "model": model,
+        "messages": [dict(m) for m in messages],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def records_of(requests: Sequence[ChatTurn]) -> list[TurnRecord]:
+    return [
+        TurnRecord(r.index, r.arrival_s, tenant=r.tenant, user=r.user, turn=r.turn, burst=r.burst)
+        for r in requests
+    ]
+
+
+def summarize(
+    target: str,
+    rate: float,
+    records: Sequence[TurnRecord],
+    deltas: Mapping[str, ReplicaCounters],
+    prompt_tokens: Sequence[Sequence[int]],
+    block_size: int,
+) -> RunSummary:
+    """The row of one run; ``prompt_tokens[i]`` is request ``i``'s prompt as the replicas tokenize it."""
+    completed = [prompt_tokens[r.index] for r in sorted(records, key=lambda r: r.index) if r.ok]
+    return summarize_run(target, rate, records, deltas, ideal_hit_rate(completed, block_size))
+
+
+async def run_target(
+    client: httpx.AsyncClient,
+    target: Target,
+    endpoints: Endpoints,
+    tenants: Tenants,
+    requests: Sequence[ChatTurn],
+    prompt_tokens: Sequence[Sequence[int]],
+    model: str,
+    *,
+    rate: float,
+    max_tokens: int,
+    block_size: int,
+    drain_timeout_s: float = 60.0,
+    progress: ProgressSink | None = None,
+    clock: Clock = time.perf_counter,
+) -> TargetRun[TurnRecord]:
+    """Reset the replicas' prefix caches, open the target, run the sequence through it, close it."""
+    by_index = {r.index: r for r in requests}
+
+    def body_of(record: TurnRecord) -> dict[str, Any]:
+        return chat_request(model, tenants.messages(by_index[record.index]), max_tokens)
+
+    def follows(record: TurnRecord) -> int | None:
+        return by_index[record.index].follows
+
+    async def run(route: Route) -> list[TurnRecord]:
+        return await run_open_loop(
+            client,
+            route,
+            records_of(requests),
+            body_of,
+            follows=follows,
+            tag=f"tenants-{target.label}",
+            drain_timeout_s=drain_timeout_s,
+            clock=clock,
+            progress=progress,
+        )
+
+    records, deltas = await measured_run(client, target, endpoints, model, run)
+    summary = summarize(target.label, rate, records, deltas, prompt_tokens, block_size)
+    return TargetRun(summary, records, deltas)
