@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--speed", type=float, default=1.0, help="arrival-rate multiplier (default 1)")
     parser.add_argument(
+        "--text-seed",
+        type=int,
+        default=0,
+        help="seed of the rebuilt prompts' synthetic words (same sharing structure, other token counts: "
+        "what moves with it is the replay's own noise)",
+    )
+    parser.add_argument(
         "--realtime",
         action="store_true",
         help="replay in real time over sockets through a `burstsched serve` process (the router's own CPU "
@@ -89,7 +96,7 @@ async def replay_all(
 ) -> tuple[list[ReplayResult], list[str], float]:
     """Replay through each config in turn in real time; configs whose turn comes once the budget cannot fit
     one more run (the longest so far) are skipped."""
-    prompts = rebuild_prompts(requests)
+    prompts = rebuild_prompts(requests, options.text_seed)
     started = time.perf_counter()
     results: list[ReplayResult] = []
     skipped: list[str] = []
@@ -125,7 +132,14 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, SweepError) as exc:
         print(f"burstsched replay: {exc}", file=sys.stderr)
         return 2
-    requests = read_trace(args.trace)
+    try:
+        requests = read_trace(args.trace)
+    except OSError as exc:
+        print(f"burstsched replay: cannot read the trace: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, TypeError) as exc:  # a line that is no trace line
+        print(f"burstsched replay: not a trace: {exc!r}", file=sys.stderr)
+        return 2
     if args.max_requests is not None:
         requests = requests[: args.max_requests]
     if not requests:
@@ -145,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed,
         time_scale=args.time_scale if args.realtime else 1.0,
         virtual_time=not args.realtime,
+        text_seed=args.text_seed,
         block_size=args.block_size,
         cost=None if calibration is None else calibration.cost,
     )

@@ -50,13 +50,16 @@ def _words(rng: random.Random, size: int) -> str:
     return text.decode("ascii")
 
 
-def block_text(block_hash: int, size: int) -> str:
-    """The synthetic text of one recorded block (the same hash: the same text)."""
-    return _words(random.Random(block_hash), size)
+def block_text(block_hash: int, size: int, seed: int = 0) -> str:
+    """The synthetic text of one recorded block (the same hash and seed: the same text)."""
+    return _words(random.Random(block_hash if seed == 0 else f"{seed}:{block_hash}"), size)
 
 
-def rebuild_prompt(request: TracedRequest, unique: int, engine_scale: float | None = None) -> str:
-    """The prompt of one recorded request; ``unique`` seeds its tail (distinct per request).
+def rebuild_prompt(
+    request: TracedRequest, unique: int, engine_scale: float | None = None, seed: int = 0
+) -> str:
+    """The prompt of one recorded request; ``unique`` seeds its tail (distinct per request), ``seed`` every
+    text (another seed: other words, the same sharing structure).
 
     ``engine_scale`` None: each block is the router's block size in bytes, so the router hashes the rebuilt
     prompt into a chain as long as the recorded one. A number (engine tokens per router pseudo-token): each
@@ -71,10 +74,11 @@ def rebuild_prompt(request: TracedRequest, unique: int, engine_scale: float | No
         block_bytes = max(2, round(request.block_tokens * engine_scale * bytes_per_token))
         tokens = request.input_tokens or request.prompt_tokens * engine_scale
         size = round(tokens * bytes_per_token)
-    parts = [block_text(h, block_bytes) for h in request.blocks]
+    parts = [block_text(h, block_bytes, seed) for h in request.blocks]
     total = max(size, len(parts) * block_bytes + 1)
     tail = total - len(parts) * block_bytes
-    parts.append(_words(random.Random(f"tail-{unique}"), max(tail, 2)))
+    tail_seed = f"tail-{unique}" if seed == 0 else f"tail-{seed}-{unique}"
+    parts.append(_words(random.Random(tail_seed), max(tail, 2)))
     return "".join(parts)
 
 
@@ -91,6 +95,7 @@ def engine_scale(requests: Sequence[TracedRequest]) -> float | None:
     return ratios[len(ratios) // 2] if ratios else None
 
 
-def rebuild_prompts(requests: Sequence[TracedRequest]) -> list[str]:
+def rebuild_prompts(requests: Sequence[TracedRequest], seed: int = 0) -> list[str]:
+    """Every request's prompt (:func:`rebuild_prompt`), the text drawn from ``seed``."""
     scale = engine_scale(requests)
-    return [rebuild_prompt(r, i, scale) for i, r in enumerate(requests)]
+    return [rebuild_prompt(r, i, scale, seed) for i, r in enumerate(requests)]

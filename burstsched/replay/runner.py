@@ -26,9 +26,9 @@ from burstsched.config import RouterConfig
 from burstsched.replay.trace import TracedRequest
 from burstsched.sim import CostModel, SimConfig, SimPool
 from burstsched.wire.sse import DONE, aiter_data
-from burstsched.workloads.docqa_run import settled_snapshot, snapshot
 from burstsched.workloads.pools import event_args
 from burstsched.workloads.replica_metrics import ReplicaCounters
+from burstsched.workloads.replica_state import settled_snapshot, snapshot
 from burstsched.workloads.router_process import router_process
 from burstsched.workloads.stats import percentile, ratio
 
@@ -47,6 +47,8 @@ class ReplayOptions:
     cost: CostModel | None = None
     """The simulator's costs (None: its defaults); :func:`burstsched.replay.calibrate.calibrate` fits them."""
     request_timeout_s: float = 120.0
+    text_seed: int = 0
+    """Seed of the rebuilt prompts' synthetic words (the sharing structure stays the trace's)."""
     virtual_time: bool = False
     """Replayed in one process on virtual time (:mod:`burstsched.replay.virtual_run`), not over sockets."""
 

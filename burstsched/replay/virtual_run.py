@@ -41,7 +41,7 @@ from burstsched.replay.virtual_time import run_virtual
 from burstsched.sim import SimConfig
 from burstsched.sim.inprocess import InProcessReplica
 from burstsched.wire.sse import DONE, aiter_data
-from burstsched.workloads.docqa_run import settled_snapshot, snapshot
+from burstsched.workloads.replica_state import settled_snapshot, snapshot
 
 _ROUTER = "http://router.replay"
 
@@ -202,7 +202,7 @@ def replay_virtual_all(
 
     With ``budget_s``, no config starts once the budget cannot fit one more replay as long as the longest so
     far; those not started are returned as skipped. Results come back in the configs' order."""
-    prompts = rebuild_prompts(requests)
+    prompts = rebuild_prompts(requests, options.text_seed)
     started = time.perf_counter()
     done: dict[int, ReplayResult] = {}
     skipped: list[str] = []

@@ -90,3 +90,18 @@ def test_the_cli_sweeps_on_virtual_time_and_names_the_best(
     assert report["options"]["virtual_time"] is True
     assert len(report["results"]) == 2
     assert "virtual time" in (out / "replay.md").read_text()
+
+
+def test_a_missing_or_broken_trace_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args([str(tmp_path / "absent.jsonl")])) == 2
+    assert "cannot read the trace" in capsys.readouterr().err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"v": 1}\n')
+    assert run(parser.parse_args([str(broken)])) == 2
+    assert "not a trace" in capsys.readouterr().err
