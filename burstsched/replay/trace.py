@@ -29,6 +29,7 @@ class TracedRequest:
     input_tokens: int | None = None
     cached_tokens: int | None = None
     ttft_ms: float | None = None
+    e2e_ms: float | None = None
     endpoint: str | None = None
     outcome: str = "ok"
 
@@ -63,6 +64,7 @@ def _request(line: dict[str, object], start: float) -> TracedRequest:
         return value if isinstance(value, int) else None
 
     ttft = line.get("ttft_ms")
+    e2e = line.get("e2e_ms")
     return TracedRequest(
         t=float(line["t"]) - start,  # type: ignore[arg-type]
         api=str(line.get("api", "chat")),
@@ -76,6 +78,7 @@ def _request(line: dict[str, object], start: float) -> TracedRequest:
         input_tokens=opt_int("input_tokens"),
         cached_tokens=opt_int("cached_tokens"),
         ttft_ms=float(ttft) if isinstance(ttft, int | float) else None,
+        e2e_ms=float(e2e) if isinstance(e2e, int | float) else None,
         endpoint=line.get("endpoint") if isinstance(line.get("endpoint"), str) else None,  # type: ignore[arg-type]
         outcome=str(line.get("outcome", "ok")),
     )

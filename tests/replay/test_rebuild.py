@@ -12,6 +12,7 @@ from burstsched.prefix.hashing import block_hashes, pseudo_tokens
 from burstsched.replay.calibrate import calibrate
 from burstsched.replay.rebuild import engine_scale, rebuild_prompts, sim_bytes_per_token
 from burstsched.replay.trace import TracedRequest
+from burstsched.sim import CostModel
 from burstsched.sim.tokenizer import BuiltinTokenizer
 
 
@@ -76,9 +77,9 @@ def test_with_recorded_usage_a_rebuilt_prompt_costs_the_simulator_the_recorded_t
 
 
 def test_calibration_recovers_the_costs_that_made_the_ttfts() -> None:
-    """TTFTs made from known costs, a third of them delayed by a queue: the fit finds the costs again."""
+    """Latencies made from known costs, a third of the TTFTs delayed by a queue: the fits find the costs."""
     rng = random.Random(11)
-    step, prefill, frontend = 0.004, 80e-6, 12e-6
+    step, prefill, frontend, decode = 0.004, 80e-6, 12e-6, CostModel().decode_s_per_seq
     requests = []
     for i in range(90):
         prompt = rng.randint(500, 4000)
@@ -86,13 +87,26 @@ def test_calibration_recovers_the_costs_that_made_the_ttfts() -> None:
         ttft = step + prefill * (prompt - cached) + frontend * prompt
         if i % 3 == 0:
             ttft += rng.uniform(0.05, 0.3)  # waited behind others
+        e2e = ttft + 15 * (step + decode * rng.choice([1, 1, 2]))
         base = _traced((1, 2), 10)
         requests.append(
-            dataclasses.replace(base, input_tokens=prompt, cached_tokens=cached, ttft_ms=ttft * 1000)
+            dataclasses.replace(
+                base,
+                input_tokens=prompt,
+                cached_tokens=cached,
+                ttft_ms=ttft * 1000,
+                e2e_ms=e2e * 1000,
+                output_tokens=16,
+            )
         )
     fitted = calibrate(requests)
-    assert fitted is not None and fitted.points == 90
-    assert fitted.cost.step_overhead_s == pytest.approx(step, abs=1e-3)
+    assert fitted is not None and fitted.points == 90 and fitted.step_points == 90
+    assert fitted.cost.step_overhead_s == pytest.approx(step, abs=1e-4)
     assert fitted.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
     assert fitted.cost.frontend_s_per_prompt_token == pytest.approx(frontend, rel=0.15)
+    # without end-to-end latencies the step comes from the TTFT fit's intercept
+    no_e2e = calibrate([dataclasses.replace(r, e2e_ms=None) for r in requests])
+    assert no_e2e is not None and no_e2e.step_points == 0
+    assert no_e2e.cost.step_overhead_s == pytest.approx(step, abs=1e-3)
+    assert no_e2e.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
     assert calibrate(requests[:5]) is None  # too few points
