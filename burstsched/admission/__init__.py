@@ -14,7 +14,7 @@ from burstsched.admission.errors import (
 )
 from burstsched.admission.facade import Admission, Admitted
 from burstsched.admission.grouping import Group, group_requests
-from burstsched.admission.placement import GroupPlacer, Placed, Snapshots, warm_blocks
+from burstsched.admission.placement import GroupPlacer, Placed, Produced, Snapshots, warm_blocks
 from burstsched.admission.window import AdmissionWindow, Batch
 from burstsched.config.admission import AdmissionConfig
 
@@ -35,6 +35,7 @@ __all__ = [
     "ManualClock",
     "NoEndpointAvailable",
     "Placed",
+    "Produced",
     "Rank",
     "Role",
     "Slot",

@@ -13,11 +13,11 @@ from types import TracebackType
 from burstsched.admission.assign import Limits, Role
 from burstsched.admission.clock import Clock, LoopClock
 from burstsched.admission.errors import NoEndpointAvailable
-from burstsched.admission.placement import GroupPlacer, Placed, Snapshots, warm_blocks
+from burstsched.admission.placement import GroupPlacer, Placed, Produced, Snapshots, warm_blocks
 from burstsched.admission.window import AdmissionWindow, Batch
 from burstsched.config.admission import AdmissionConfig
-from burstsched.framework import CycleState, Decision, EndpointSnapshot, SchedRequest
-from burstsched.scheduling import Scheduler
+from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
+from burstsched.scheduling import Decider
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +44,25 @@ class Admitted:
         return self.decision.endpoint
 
 
+@dataclass(eq=False, slots=True)
+class _Held:
+    """A request in the window, with what its bypass check's producers found (placement reuses it)."""
+
+    request: SchedRequest
+    produced: Produced | None = None
+
+
 class Admission:
     """Window, grouping and group placement in front of the scheduler; an async context (the app's lifespan).
 
     ``snapshots(model)`` gives the endpoints serving ``model`` as they are now (e.g. ``pool.snapshots``).
+    ``scheduler`` is used through its :class:`~burstsched.scheduling.Decider` contract only.
     """
 
     def __init__(
         self,
         config: AdmissionConfig,
-        scheduler: Scheduler,
+        scheduler: Decider,
         snapshots: Snapshots,
         *,
         clock: Clock | None = None,
@@ -62,8 +71,8 @@ class Admission:
         self._scheduler = scheduler
         self._snapshots = snapshots
         self._clock: Clock = clock or LoopClock()
-        self._produced: tuple[SchedRequest, Sequence[EndpointSnapshot], CycleState] | None = None
-        """The last bypass check's request, snapshots and producer state, for its immediate scheduling."""
+        self._produced: tuple[Produced, Sequence[EndpointSnapshot]] | None = None
+        """The last bypass check's producer results and snapshots, for its immediate scheduling."""
         self._given: tuple[SchedRequest, Sequence[EndpointSnapshot]] | None = None
         """The snapshots the caller of :meth:`admit` passed, while that request is being admitted."""
         self._placer = GroupPlacer(
@@ -72,13 +81,13 @@ class Admission:
             min_shared_blocks=config.min_shared_blocks,
             limits=Limits(config.max_per_endpoint, config.fair_share_factor),
         )
-        self._window: AdmissionWindow[SchedRequest, Admitted] = AdmissionWindow(
+        self._window: AdmissionWindow[_Held, Admitted] = AdmissionWindow(
             self._place,
             window_s=config.window_ms / 1000,
             max_batch=config.max_batch,
             queue_limit=config.queue_limit,
             retry_after_s=config.retry_after_s,
-            bypass=self.bypasses,
+            bypass=self._bypasses,
             clock=self._clock,
         )
 
@@ -131,7 +140,7 @@ class Admission:
                 decision = self._schedule_alone(request)
                 now = self._clock.now()
                 return Admitted(decision, None, None, Role.BYPASS, 1, 0, now - started, now - started)
-            a = await self._window.submit(request)
+            a = await self._window.submit(_Held(request))
         finally:
             self._given = None
         waited = self._clock.now() - started
@@ -147,48 +156,49 @@ class Admission:
 
     def bypasses(self, request: SchedRequest) -> bool:
         """Whether ``request`` skips the window: too short to share a group's prefix, or warm on an endpoint
-        that is not saturated (with ``bypass_warm``)."""
+        that is healthy and not saturated (with ``bypass_warm``; saturated as the scheduler judges it)."""
+        return self._bypasses(_Held(request))
+
+    def _bypasses(self, held: _Held) -> bool:
         config = self._config
+        request = held.request
         if len(request.block_hashes) < config.min_shared_blocks:
             return True
         if not config.bypass_warm:
             return False
         endpoints = self._endpoints(request)
-        open_ = [e for e in endpoints if not self._saturated(e)]
+        scheduler = self._scheduler
+        open_ = [e for e in endpoints if e.healthy and not scheduler.saturated(e)]
         if not open_:
             return False
-        # the producers run once, over every endpoint: a bypassing request is scheduled on this state
-        produced = self._scheduler.produce(request, endpoints)
-        self._produced = (request, endpoints, produced)
-        matched = warm_blocks(produced, open_)
+        # the producers run once, over every endpoint: a bypassing request is scheduled on these results,
+        # a waiting one is placed on them when it stays alone in its group and nothing changed meanwhile
+        version = scheduler.state_version
+        state = scheduler.produce(request, endpoints)
+        produced = Produced(request, tuple(e.name for e in endpoints), state, version)
+        self._produced = (produced, endpoints)
+        held.produced = produced
+        matched = warm_blocks(state, open_)
         return any(blocks >= config.min_shared_blocks for blocks in matched.values())
 
-    def _saturated(self, endpoint: EndpointSnapshot) -> bool:
-        config = self._config
-        return (
-            not endpoint.healthy
-            or endpoint.stale
-            or endpoint.waiting + endpoint.pending >= config.bypass_max_waiting
-            or endpoint.kv_usage >= config.bypass_max_kv_usage
-        )
-
     def _schedule_alone(self, request: SchedRequest) -> Decision:
-        produced, self._produced = self._produced, None
-        if produced is not None and produced[0] is request:  # the bypass check's snapshots and producers
-            return self._scheduler.schedule(request, produced[1], produced=produced[2])
+        last, self._produced = self._produced, None
+        if last is not None and last[0].request is request:  # the bypass check's snapshots and producers
+            return self._scheduler.schedule(request, last[1], produced=last[0].state)
         endpoints = self._endpoints(request)
         if not endpoints:
             raise NoEndpointAvailable(f"no endpoint serves model {request.model!r}")
         return self._scheduler.schedule(request, endpoints)
 
-    async def _place(self, batch: Batch[SchedRequest]) -> Mapping[str, Admitted]:
+    async def _place(self, batch: Batch[_Held]) -> Mapping[str, Admitted]:
         started = self._clock.now()
         if batch.bypass:
-            ((ticket, request),) = batch.entries
-            decision = self._schedule_alone(request)
+            ((ticket, held),) = batch.entries
+            decision = self._schedule_alone(held.request)
             took = self._clock.now() - started
             return {ticket: Admitted(decision, batch.window_id, None, Role.BYPASS, 1, 0, 0.0, took)}
-        placed = self._placer.place(batch.entries)
+        produced = {ticket: held.produced for ticket, held in batch.entries if held.produced is not None}
+        placed = self._placer.place([(ticket, held.request) for ticket, held in batch.entries], produced)
         took = self._clock.now() - started
         return {ticket: _admitted(batch.window_id, p, took) for ticket, p in placed.items()}
 

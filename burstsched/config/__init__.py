@@ -35,6 +35,7 @@ from burstsched.config.models import (
     TracingConfig,
     UpstreamTLSConfig,
 )
+from burstsched.config.saturation import SaturationConfig
 from burstsched.config.tokenizer import TokenizerConfig
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "ProfileConfig",
     "ProfilePluginRef",
     "RouterConfig",
+    "SaturationConfig",
     "ShutdownConfig",
     "TimeoutsConfig",
     "TokenizerConfig",

@@ -52,20 +52,8 @@ class AdmissionConfig(BaseModel):
     bypass_warm: bool = Field(
         default=True,
         description="Send a request straight to scheduling, without waiting in the window, when an endpoint "
-        "that is not saturated already holds at least min_shared_blocks of its prefix.",
-    )
-    bypass_max_waiting: int = Field(
-        default=8,
-        ge=0,
-        description="For bypass: an endpoint with at least this many waiting requests (vLLM's queue plus "
-        "this router's pending ones) counts as saturated.",
-    )
-    bypass_max_kv_usage: float = Field(
-        default=0.9,
-        ge=0.0,
-        le=1.0,
-        description="For bypass: an endpoint whose KV-cache usage (0..1) is at least this counts as "
-        "saturated.",
+        "that is healthy and not saturated (the `saturation:` section) already holds at least "
+        "min_shared_blocks of its prefix.",
     )
     queue_limit: int = Field(
         default=1024,

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from burstsched.config.admission import AdmissionConfig
 from burstsched.config.kv_events import KVEventsConfig, check_zmq_address
+from burstsched.config.saturation import SaturationConfig
 from burstsched.config.tokenizer import TokenizerConfig
 
 
@@ -373,7 +374,7 @@ def _default_plugins() -> list[PluginSpec]:
     return [
         PluginSpec(type="approx-prefix-producer"),
         PluginSpec(type="health-filter"),
-        PluginSpec(type="saturation-filter", parameters={"max_waiting": 16, "max_kv_usage": 0.95}),
+        PluginSpec(type="saturation-filter"),  # its thresholds: the saturation section
         PluginSpec(type="prefix-cache-scorer"),
         PluginSpec(type="queue-scorer"),
         PluginSpec(type="kv-utilization-scorer"),
@@ -454,6 +455,10 @@ class RecordingConfig(StrictModel):
     )
 
 
+SATURATION_FILTER = "saturation-filter"
+"""The plugin type whose thresholds, when a config sets them, are the ``saturation:`` section's."""
+
+
 class RouterConfig(StrictModel):
     """The whole configuration of one router process."""
 
@@ -478,6 +483,11 @@ class RouterConfig(StrictModel):
     plugins: list[PluginSpec] = Field(default_factory=_default_plugins)
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    saturation: SaturationConfig = Field(
+        default_factory=SaturationConfig,
+        description="When an endpoint counts as saturated: the saturation-filter drops such endpoints and "
+        "admission's warm bypass skips them (one definition for both).",
+    )
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig)
@@ -488,6 +498,23 @@ class RouterConfig(StrictModel):
     recording: RecordingConfig = Field(
         default_factory=RecordingConfig, description="Recording traffic's shape for `burstsched replay`."
     )
+
+    @model_validator(mode="after")
+    def _one_saturation(self) -> RouterConfig:
+        """The ``saturation:`` section and a ``saturation-filter``'s own thresholds must not disagree."""
+        if "saturation" not in self.model_fields_set:
+            return self
+        section = self.saturation.model_dump()
+        for i, spec in enumerate(self.plugins):
+            if spec.type != SATURATION_FILTER:
+                continue
+            for key, value in spec.parameters.items():
+                if key in section and value != section[key]:
+                    raise ValueError(
+                        f"plugins[{i}].parameters.{key} is {value!r} but saturation.{key} is "
+                        f"{section[key]!r}: saturation has one definition, set it in one place"
+                    )
+        return self
 
     def with_endpoints(self, endpoints: list[EndpointConfig]) -> RouterConfig:
         """A copy with ``endpoints`` replacing the configured ones."""

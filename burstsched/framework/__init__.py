@@ -22,6 +22,7 @@ from burstsched.framework.registry import (
     PluginRegistry,
     PluginTypeError,
 )
+from burstsched.framework.saturation import Saturation, SaturationDetector
 from burstsched.framework.state import CycleState, PrefixMatch
 from burstsched.framework.types import (
     ApiKind,
@@ -58,6 +59,8 @@ __all__ = [
     "PrefixMatch",
     "Producer",
     "Resettable",
+    "Saturation",
+    "SaturationDetector",
     "SchedRequest",
     "ScoredEndpoint",
     "Scorer",

@@ -19,6 +19,7 @@ from typing import Any, Protocol, cast
 from pydantic import BaseModel, ConfigDict
 
 from burstsched.framework.plugins import Plugin
+from burstsched.framework.saturation import Saturation
 
 ENTRY_POINT_GROUP = "burstsched.plugins"
 
@@ -31,10 +32,12 @@ class PluginParameters(BaseModel):
 
 @dataclass(frozen=True)
 class PluginContext:
-    """What a plugin may depend on besides its parameters: the injected RNG and monotonic clock."""
+    """What a plugin may depend on besides its parameters: the injected RNG and monotonic clock, and the
+    router's definition of a saturated endpoint (the config's ``saturation:``)."""
 
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.monotonic
+    saturation: Saturation = field(default_factory=Saturation)
 
 
 class PluginFactory(Protocol):

@@ -124,6 +124,7 @@ class LiveConfig:
             "plugins": new.plugins,
             "profile": new.profile,
             "admission": new.admission,
+            "saturation": new.saturation,
             "limits": old.limits.model_copy(update={k: getattr(new.limits, k) for k in LIVE_LIMITS}),
         }
         if static:

@@ -6,6 +6,7 @@ Every problem is reported as a :class:`ConfigError` naming the field's path, e.g
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -20,9 +21,12 @@ from burstsched.framework import (
     Picker,
     Plugin,
     PluginContext,
+    PluginFactory,
     PluginRegistry,
     Producer,
     Resettable,
+    Saturation,
+    SaturationDetector,
     Scorer,
 )
 from burstsched.scheduling.profile import SchedulerProfile, WeightedScorer
@@ -76,6 +80,8 @@ def build_plugins(
             issues.append(ConfigIssue(f"plugins[{i}].name", f"duplicate plugin name {spec.instance_name!r}"))
             continue
         kept = _unchanged(spec, parameters, old_specs.get(spec.instance_name), factory.Parameters, previous)
+        if isinstance(kept, SaturationDetector) and _judges_anew(kept, factory, spec, parameters, context):
+            kept = None  # built on the router's old saturation section
         if kept is not None and previous is not None:
             plugins[spec.instance_name] = kept
             previous.reused.append(spec.instance_name)
@@ -112,8 +118,25 @@ def _unchanged(
     return plugin if old_parameters == parameters else None
 
 
-def build_profile(profile: ProfileConfig, plugins: dict[str, Plugin]) -> SchedulerProfile:
-    """Check the profile's references and kinds; wire the plugins into a :class:`SchedulerProfile`."""
+def _judges_anew(
+    kept: SaturationDetector,
+    factory: PluginFactory,
+    spec: PluginSpec,
+    parameters: object,
+    context: PluginContext,
+) -> bool:
+    """Whether a detector built now (the router's saturation may have changed) judges differently."""
+    fresh = factory(spec.instance_name, parameters, context)
+    return not isinstance(fresh, SaturationDetector) or fresh.saturation != kept.saturation
+
+
+def build_profile(
+    profile: ProfileConfig, plugins: dict[str, Plugin], saturation: Saturation | None = None
+) -> SchedulerProfile:
+    """Check the profile's references and kinds; wire the plugins into a :class:`SchedulerProfile`.
+
+    The profile's :attr:`~SchedulerProfile.saturation` is its saturation filter's, else ``saturation`` (the
+    config's section); two filters that disagree are refused."""
     issues: list[ConfigIssue] = []
     producers: list[Producer] = []
     filters: list[Filter] = []
@@ -172,6 +195,17 @@ def build_profile(profile: ProfileConfig, plugins: dict[str, Plugin]) -> Schedul
                         "makes",
                     )
                 )
+    detectors = [f.saturation for f in filters if isinstance(f, SaturationDetector)]
+    for other in detectors[1:]:
+        if other != detectors[0]:
+            issues.append(
+                ConfigIssue(
+                    "profile.plugins",
+                    "two saturation filters with different thresholds: saturation has one definition",
+                )
+            )
+    if detectors:
+        saturation = detectors[0]
     if issues or not isinstance(picker, Picker):
         raise ConfigError(issues)
     return SchedulerProfile(
@@ -181,6 +215,7 @@ def build_profile(profile: ProfileConfig, plugins: dict[str, Plugin]) -> Schedul
         picker=picker,
         dispatch_hooks=tuple(_unique(p for p in used if isinstance(p, DispatchHook))),
         resettables=tuple(_unique(p for p in used if isinstance(p, Resettable))),
+        saturation=saturation if saturation is not None else Saturation(),
     )
 
 
@@ -194,10 +229,14 @@ def build_scheduler(
     previous: PreviousPlugins | None = None,
 ) -> Scheduler:
     """Build the configured plugins and wire them into a :class:`Scheduler` (``previous``: a running
-    router's plugins to re-use where unchanged, see :class:`PreviousPlugins`)."""
+    router's plugins to re-use where unchanged, see :class:`PreviousPlugins`).
+
+    The plugins see the config's ``saturation:`` section as ``context.saturation``."""
+    saturation = Saturation(**config.saturation.model_dump())
+    context = dataclasses.replace(context, saturation=saturation)
     plugins = build_plugins(config.plugins, registry, context, previous=previous)
     return Scheduler(
-        build_profile(config.profile, plugins),
+        build_profile(config.profile, plugins, saturation),
         observer=observer,
         cycle_observer=cycle_observer,
         timing_every=config.metrics.timing_every,

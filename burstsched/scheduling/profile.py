@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from burstsched.framework import DispatchHook, Filter, Picker, Plugin, Producer, Resettable, Scorer
+from burstsched.framework import (
+    DispatchHook,
+    Filter,
+    Picker,
+    Plugin,
+    Producer,
+    Resettable,
+    Saturation,
+    Scorer,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +26,11 @@ class WeightedScorer:
 
 @dataclass(frozen=True)
 class SchedulerProfile:
-    """Producers, filters and weighted scorers (each run in order) and the picker."""
+    """Producers, filters and weighted scorers (each run in order) and the picker.
+
+    ``saturation`` is what "saturated" means for this profile's decisions: its saturation filter's
+    thresholds, or the config's ``saturation:`` section when it has none.
+    """
 
     producers: tuple[Producer, ...]
     filters: tuple[Filter, ...]
@@ -25,6 +38,7 @@ class SchedulerProfile:
     picker: Picker
     dispatch_hooks: tuple[DispatchHook, ...] = ()
     resettables: tuple[Resettable, ...] = ()
+    saturation: Saturation = field(default_factory=Saturation)
 
     @property
     def plugins(self) -> tuple[Plugin, ...]:

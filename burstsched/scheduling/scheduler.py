@@ -56,11 +56,35 @@ class Scheduler:
     ) -> None:
         if timing_every < 1:
             raise ValueError("timing_every must be at least 1")
-        self.profile = profile
+        self._profile = profile
+        self._version = 0
         self._observer = observer
         self._cycle_observer = cycle_observer
         self._timing_every = timing_every
         self._cycles = [0, 0]  # calls of produce() alone and of schedule() since each was last timed
+
+    @property
+    def profile(self) -> SchedulerProfile:
+        """The plugins this scheduler runs."""
+        return self._profile
+
+    @profile.setter
+    def profile(self, profile: SchedulerProfile) -> None:
+        """Swap in new plugins (a live config reload); producers' results from the old ones go out of date."""
+        self._profile = profile
+        self._version += 1
+
+    @property
+    def state_version(self) -> int:
+        """Changes whenever the plugins' learned state may have changed through this scheduler (a dispatch,
+        a reset, a forgotten endpoint, a new profile): producers' results from another version may be out
+        of date."""
+        return self._version
+
+    def saturated(self, endpoint: EndpointSnapshot) -> bool:
+        """Whether ``endpoint`` is saturated by the profile's definition (its saturation filter's, else the
+        config's ``saturation:``), the one the saturation filter applies."""
+        return self._profile.saturation.saturated(endpoint)
 
     def _timed(self, which: int) -> bool:
         """Whether this call is one of the sampled ones (one in ``timing_every``) that the observers see."""
@@ -151,16 +175,19 @@ class Scheduler:
 
     def on_dispatch(self, request: SchedRequest, endpoint: EndpointSnapshot) -> None:
         """Tell the dispatch hooks that ``request`` (or its whole group) went to ``endpoint``."""
+        self._version += 1
         for hook in self.profile.dispatch_hooks:
             hook.on_dispatch(request, endpoint)
 
     def reset(self) -> None:
         """Drop every plugin's learned state (e.g. the prefix index)."""
+        self._version += 1
         for plugin in self.profile.resettables:
             plugin.reset()
 
     def forget_endpoint(self, endpoint: str) -> None:
         """Drop what the plugins learned about ``endpoint`` (it went away; its cache is gone with it)."""
+        self._version += 1
         for plugin in self.profile.plugins:
             if isinstance(plugin, EndpointForgetter):
                 plugin.forget_endpoint(endpoint)

@@ -255,11 +255,11 @@ async def test_warm_and_short_requests_bypass_the_window() -> None:
 @pytest.mark.anyio
 async def test_a_warm_request_on_a_saturated_replica_waits_in_the_window() -> None:
     clock = ManualClock()
-    pool = [endpoint("e1"), endpoint("e2", waiting=50)]
+    pool = [endpoint("e1"), endpoint("e2", waiting=50)]  # saturated: 50 >= saturation.max_waiting 16
     sched = scheduler()
     sched.on_dispatch(request("earlier", *PREFIX_A), pool[1])
     results: list[Admitted] = []
-    async with Admission(config(bypass_max_waiting=8), sched, lambda model: pool, clock=clock) as admission:
+    async with Admission(config(), sched, lambda model: pool, clock=clock) as admission:
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
 
