@@ -7,6 +7,12 @@ still move the request to the next endpoint. Endpoints whose circuit is open are
 disconnect cancels the upstream request. A request past its deadline, or still running when a shutdown's
 drain time is up, ends early: with an error event and ``[DONE]`` when its stream has begun, else with a
 504 (deadline) or 503 (shutdown) error body.
+
+``on_dispatch`` (the scheduler's dispatch hooks: the prefix indexes) fires for the endpoint that took the
+request, not for every attempt: when its response head comes back 2xx (a stream's head comes as soon as the
+replica queued the request, before its prefill, so later requests of the prefix still follow it). An
+endpoint that failed before its head (unreachable, timed out, 5xx) or refused the request (4xx) is never
+recorded; one whose stream dies between its head and its first chunk was (it had queued the prefix).
 """
 
 from __future__ import annotations
@@ -243,14 +249,13 @@ class Dispatcher:
             )
             queued = uncached_tokens(request, match)
             exchange.queued_prefill = queued if prefill_cap is None else min(queued, prefill_cap)
-            self._on_dispatch(request, endpoint)
             self._pool.acquire(endpoint.name, exchange.queued_prefill)
             if exchange.trace is not None:
                 exchange.span = exchange.trace.upstream(
                     endpoint.name, endpoint.url + parsed.api.path, attempt
                 )
             try:
-                await self._attempt(endpoint, parsed, headers, send, exchange)
+                await self._attempt(endpoint, parsed, request, headers, send, exchange)
                 return
             except _AttemptFailed as failed:
                 self._metrics.attempt(endpoint.name, failed.result)
@@ -291,6 +296,7 @@ class Dispatcher:
         self,
         endpoint: EndpointSnapshot,
         parsed: ParsedRequest,
+        request: SchedRequest,
         headers: Sequence[tuple[bytes, bytes]],
         send: Send,
         exchange: _Exchange,
@@ -318,6 +324,8 @@ class Dispatcher:
             if status >= 500:
                 self._pool.report_failure(name, unreachable=False)
                 raise _AttemptFailed("status_5xx", f"answered HTTP {status}")
+            if status < 300:  # this endpoint took the request: the only one its hooks hear of
+                self._on_dispatch(request, endpoint)
             if parsed.stream and status < 300:
                 await self._stream(upstream, name, send, exchange)
                 return

@@ -78,3 +78,54 @@ async def test_attempts_are_bounded() -> None:
         assert response.status_code == 502
         assert "r1: ConnectError" in response.json()["error"]["message"]
         assert upstream.completions == ["r1"]
+
+
+class Failing:
+    """Two replicas: r1 fails a completion before its first byte (or refuses it), r2 answers."""
+
+    def __init__(self, r1: str) -> None:
+        self.r1 = r1
+        self.completions: list[str] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        host, path = request.url.host, request.url.path
+        if path == "/health":
+            return httpx.Response(200)
+        if path == "/metrics":
+            return httpx.Response(200, text=METRICS.format(waiting=5 if host == "r2" else 0))
+        if path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
+        self.completions.append(host)
+        if host == "r1":
+            if self.r1 == "connect":
+                raise httpx.ConnectError("connection refused", request=request)
+            if self.r1 == "timeout":
+                raise httpx.ReadTimeout("read timed out", request=request)
+            return httpx.Response(int(self.r1), json={"error": {"message": "no", "type": "x", "code": None}})
+        return httpx.Response(200, json={"choices": [{"text": "ok"}]})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("r1", ["connect", "timeout", "503", "400"])
+async def test_the_prefix_is_recorded_only_on_the_endpoint_that_took_the_request(r1: str) -> None:
+    """on_dispatch fires for the endpoint whose answer the client got, not for every attempt: the approximate
+    index never holds the prompt on r1, which failed before its first byte (or refused it with a 400)."""
+    upstream = Failing(r1)
+    config = router_config([("r1", "http://r1:8000"), ("r2", "http://r2:8000")])
+    async with (
+        running_router(
+            config, upstream=HttpxUpstream(httpx.MockTransport(upstream)), rng=random.Random(0)
+        ) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=10) as client,
+    ):
+        index = next(
+            p for p in router.app.state.router.scheduler.profile.plugins if hasattr(p, "index")
+        ).index
+        with anyio.fail_after(10):
+            response = await client.post("/v1/completions", json={"model": "m", "prompt": "context " * 200})
+        if r1 == "400":  # refused: no failover, and nobody computed the prompt
+            assert response.status_code == 400 and upstream.completions == ["r1"]
+            assert (index.size("r1"), index.size("r2")) == (0, 0)
+            return
+        assert response.status_code == 200 and upstream.completions == ["r1", "r2"]
+        assert index.size("r1") == 0 and index.size("r2") > 0
