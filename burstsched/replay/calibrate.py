@@ -3,9 +3,11 @@
 A replayed TTFT is only comparable with the recorded one if the simulated replicas compute prompts as fast as
 the recorded ones did, and a trace may come from any hardware and model. Two fits, in this order:
 
-- **The step**, from the decode cadence: a request's ``(e2e - ttft) / (output tokens - 1)`` is one engine
-  step per token. Its median over the trace, less the simulator's per-sequence decode cost, is the step's
-  fixed overhead. (A trace without end-to-end latencies leaves the step to the TTFT fit's intercept.)
+- **The step and the decode cost**, from the decode cadence: a request's ``(e2e - ttft) / (output tokens -
+  1)`` is one engine step per token, and a step is longer the more sequences it decodes. A median fit of
+  it against the sequences its endpoint was serving meanwhile gives the step's fixed overhead and the cost
+  per decoding sequence. (A trace without end-to-end latencies leaves the step to the TTFT fit's intercept
+  and the decode cost at the simulator's default.)
 - **Prefill and front end**, from the TTFTs: ``ttft - step = prefill x uncached + frontend x prompt``, a
   median (least absolute deviation) regression. Requests that waited in a queue sit above the line; a
   median fit is not pulled up by them as a least-squares fit is (a third of the points delayed moves it
@@ -17,7 +19,6 @@ median TTFTs came within 4 ms (of 36) and 10 ms (of 180) of the recorded ones.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -49,8 +50,9 @@ class Calibration:
         frontend_us = c.frontend_s_per_prompt_token * 1e6
         step_from = f"{self.step_points} decode cadences" if self.step_points else "the TTFT fit"
         return (
-            f"calibrated on {self.points} recorded TTFTs (step from {step_from}): step {step_ms:.2f} ms, "
-            f"prefill {prefill_us:.1f} us/token, front end {frontend_us:.2f} us/prompt token"
+            f"calibrated on {self.points} recorded TTFTs (step from {step_from}): step {step_ms:.2f} ms "
+            f"+ {c.decode_s_per_seq * 1000:.2f} ms per decoding sequence, prefill {prefill_us:.1f} us/token, "
+            f"front end {frontend_us:.2f} us/prompt token"
         )
 
 
@@ -63,27 +65,56 @@ def calibrate(requests: Sequence[TracedRequest], base: CostModel | None = None) 
     uncached = np.array([float(r.input_tokens or 0) - (r.cached_tokens or 0) for r in usable])
     prompt = np.array([float(r.input_tokens or 0) for r in usable])
     ttft = np.array([(r.ttft_ms or 0.0) / 1000.0 for r in usable])
-    cadences = [
-        (r.e2e_ms - r.ttft_ms) / 1000.0 / (r.output_tokens - 1)
-        for r in usable
+    cadence = _decode_cadence(usable)
+    if cadence is not None:
+        step, decode, step_points = cadence
+        prefill, frontend = _median_fit(np.column_stack([uncached, prompt]), ttft - step)
+    else:
+        step, prefill, frontend = _median_fit(np.column_stack([np.ones(len(ttft)), uncached, prompt]), ttft)
+        decode, step_points = base.decode_s_per_seq, 0
+    cost = replace(
+        base,
+        step_overhead_s=max(0.0, step),
+        decode_s_per_seq=max(0.0, decode),
+        prefill_s_per_token=max(0.0, prefill),
+        frontend_s_per_prompt_token=max(0.0, frontend),
+    )
+    return Calibration(cost, len(usable), step_points)
+
+
+def _decode_cadence(requests: Sequence[TracedRequest]) -> tuple[float, float, int] | None:
+    """(step overhead, decode cost per running sequence, points) from the recorded inter-token latencies.
+
+    Each request's mean inter-token latency ``(e2e - ttft) / (output tokens - 1)`` is set against how many
+    requests its endpoint was serving on average while it decoded (itself included, from the recorded
+    arrival and end times); a median fit of ``itl = step + decode x sequences``. None when fewer than
+    ``MIN_POINTS`` requests have the latencies, or the fit has no positive step."""
+    rows = [
+        r
+        for r in requests
         if r.e2e_ms is not None
         and r.ttft_ms is not None
         and r.output_tokens is not None
         and r.output_tokens > 1
     ]
-    if len(cadences) >= MIN_POINTS:
-        step = max(0.0, statistics.median(cadences) - base.decode_s_per_seq)
-        prefill, frontend = _median_fit(np.column_stack([uncached, prompt]), ttft - step)
-    else:
-        step, prefill, frontend = _median_fit(np.column_stack([np.ones(len(ttft)), uncached, prompt]), ttft)
-        cadences = []
-    cost = replace(
-        base,
-        step_overhead_s=max(0.0, step),
-        prefill_s_per_token=max(0.0, prefill),
-        frontend_s_per_prompt_token=max(0.0, frontend),
+    if len(rows) < MIN_POINTS:
+        return None
+    starts = np.array([r.t + (r.ttft_ms or 0.0) / 1000.0 for r in rows])
+    ends = np.array([r.t + (r.e2e_ms or 0.0) / 1000.0 for r in rows])
+    arrivals = np.array([r.t for r in rows])
+    endpoints = np.array([r.endpoint or "" for r in rows])
+    itl = np.array(
+        [((r.e2e_ms or 0.0) - (r.ttft_ms or 0.0)) / 1000.0 / ((r.output_tokens or 2) - 1) for r in rows]
     )
-    return Calibration(cost, len(usable), len(cadences))
+    sequences = np.ones(len(rows))
+    for i in range(len(rows)):
+        same = endpoints == endpoints[i]
+        overlap = np.clip(np.minimum(ends[i], ends[same]) - np.maximum(starts[i], arrivals[same]), 0.0, None)
+        sequences[i] += (overlap.sum() - (ends[i] - starts[i])) / max(ends[i] - starts[i], 1e-6)
+    step, decode = _median_fit(np.column_stack([np.ones(len(rows)), sequences]), itl)
+    if step <= 0.0:
+        return None
+    return step, max(0.0, decode), len(rows)
 
 
 def _median_fit(design: npt.NDArray[np.float64], target: npt.NDArray[np.float64]) -> list[float]:

@@ -23,7 +23,7 @@ from burstsched.replay.report import OBJECTIVES, best, recorded_row, row, text_t
 from burstsched.replay.runner import ReplayOptions, ReplayResult, replay_one
 from burstsched.replay.sweep import SweepError, grid, parse_axis
 from burstsched.replay.trace import TracedRequest, read_trace, summarize_trace
-from burstsched.replay.virtual_run import replay_virtual_all
+from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --realtime: simulator time per real second (default 0.25: 4x)",
     )
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting configs after this long")
+    parser.add_argument(
+        "--recorded-placement",
+        action="store_true",
+        help="also replay each request straight to the replica standing for its recorded endpoint (no "
+        "router): a row that shows the simulator's own fidelity, apart from any config's decisions",
+    )
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="ttft_p95")
     parser.add_argument("--max-requests", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--out", type=Path, default=Path("replay-out"), help="report folder")
@@ -123,7 +129,8 @@ def _replay(
     if args.realtime:
         return anyio.run(replay_all, configs, requests, options, args.budget_s)
     jobs = args.jobs if args.jobs is not None else min(4, os.cpu_count() or 1)
-    return replay_virtual_all(configs, requests, options, jobs=jobs, budget_s=args.budget_s)
+    runs: list[tuple[str, RouterConfig | RecordedPlacement]] = list(configs)
+    return replay_virtual_all(runs, requests, options, jobs=jobs, budget_s=args.budget_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,6 +160,19 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("burstsched replay: --jobs must be at least 1", file=sys.stderr)
         return 2
+    placement: ReplayResult | None = None
+    if args.recorded_placement:
+        if args.realtime:
+            print("burstsched replay: --recorded-placement replays on virtual time only", file=sys.stderr)
+            return 2
+        endpoints = {r.endpoint for r in requests if r.endpoint is not None}
+        if len(endpoints) > args.replicas:
+            print(
+                f"burstsched replay: --recorded-placement needs --replicas {len(endpoints)} or more "
+                f"(the trace has {len(endpoints)} endpoints)",
+                file=sys.stderr,
+            )
+            return 2
     options = ReplayOptions(
         replicas=args.replicas,
         kv_blocks=args.kv_blocks,
@@ -163,16 +183,29 @@ def run(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         cost=None if calibration is None else calibration.cost,
     )
+    if args.recorded_placement:
+        placement = replay_virtual_all(
+            [(RecordedPlacement.label, RecordedPlacement())], requests, options, progress=False
+        )[0][0]
     results, skipped, elapsed = _replay(args, configs, requests, options)
     summary = summarize_trace(requests)
-    print(text_table([recorded_row(summary), *(row(r) for r in results)]))
+    shown = [recorded_row(summary), *([] if placement is None else [row(placement)])]
+    print(text_table([*shown, *(row(r) for r in results)]))
     winner = best(results, args.objective)
     if len(results) > 1 and winner is not None:
         print(f"best under {args.objective}: {winner.label}")
     if skipped:
         print(f"not run (time budget): {len(skipped)} configs")
     paths = write_report(
-        args.out, args.trace[0].name, summary, results, options, args.objective, skipped, elapsed
+        args.out,
+        args.trace[0].name,
+        summary,
+        results,
+        options,
+        args.objective,
+        skipped,
+        elapsed,
+        placement,
     )
     print(f"report: {paths['markdown']}")
     return 0

@@ -92,11 +92,16 @@ def write_report(
     objective: str,
     skipped: Sequence[str] = (),
     elapsed_s: float | None = None,
+    placement: ReplayResult | None = None,
 ) -> dict[str, Path]:
     """``replay.md``, ``replay.json`` and the plots under ``out``; returns their paths by kind."""
     out.mkdir(parents=True, exist_ok=True)
     winner = best(results, objective)
-    rows = [recorded_row(summary), *(row(r) for r in results)]
+    rows = [
+        recorded_row(summary),
+        *([] if placement is None else [row(placement)]),
+        *(row(r) for r in results),
+    ]
     paths = {"markdown": out / "replay.md", "json": out / "replay.json"}
     payload: dict[str, Any] = {
         "trace": trace_name,
@@ -107,6 +112,7 @@ def write_report(
         "skipped": list(skipped),
         "elapsed_s": elapsed_s,
         "results": [r.as_json(with_samples=True) for r in results],
+        "recorded_placement": None if placement is None else placement.as_json(with_samples=True),
     }
     paths["json"].write_text(json.dumps(payload, indent=2, default=_nan_safe))
     plots = _plots(out, results)
@@ -131,6 +137,12 @@ def write_report(
         markdown_table(rows),
         "",
     ]
+    if placement is not None:
+        lines += [
+            "`recorded placement`: each request sent straight to the replica standing for the endpoint it "
+            "was recorded on, no router: how closely the simulator reproduces the recorded pool by itself.",
+            "",
+        ]
     if elapsed_s is not None:
         lines += [f"Wall time of the replays: {elapsed_s:.0f} s.", ""]
     if winner is not None:

@@ -26,6 +26,7 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 
 import httpx
+from starlette.types import ASGIApp
 
 from burstsched.admission.clock import LoopClock
 from burstsched.config import EndpointConfig, RouterConfig
@@ -96,13 +97,13 @@ class _EventFeed:
 
 
 async def _send(
-    client: AsgiUpstream, body: bytes, request_id: str, now: Callable[[], float]
+    client: AsgiUpstream, url: str, body: bytes, request_id: str, now: Callable[[], float]
 ) -> tuple[bool, float | None]:
     """Stream one completion through the router; (succeeded, seconds to the first text)."""
     start = now()
     headers = [(b"content-type", b"application/json"), (b"x-request-id", request_id.encode())]
     try:
-        response = await client.request("POST", f"{_ROUTER}/v1/completions", headers, body, {})
+        response = await client.request("POST", url, headers, body, {})
     except httpx.HTTPError:
         return False, None
     first: float | None = None
@@ -123,9 +124,25 @@ async def _send(
     return done, first
 
 
+class RecordedPlacement:
+    """In place of a router config: each request goes straight to the replica standing for the endpoint it
+    was recorded on (the recorded endpoints, sorted by name, are ``sim-0``, ``sim-1``, ...). Its row shows
+    what the simulator makes of the recorded placement, apart from any router's decisions."""
+
+    label = "recorded placement"
+
+    @staticmethod
+    def replicas(requests: Sequence[TracedRequest]) -> dict[str | None, str]:
+        """Recorded endpoint → simulated replica name."""
+        names = sorted({r.endpoint for r in requests if r.endpoint is not None})
+        mapping: dict[str | None, str] = {name: f"sim-{i}" for i, name in enumerate(names)}
+        mapping[None] = "sim-0"
+        return mapping
+
+
 async def replay_virtual(
     label: str,
-    config: RouterConfig,
+    config: RouterConfig | RecordedPlacement,
     requests: Sequence[TracedRequest],
     prompts: Sequence[str],
     options: ReplayOptions,
@@ -140,24 +157,33 @@ async def replay_virtual(
     replicas = [
         InProcessReplica(replace(sim, name=n), name=n, clock=clock, event_sink=feed.sink(n)) for n in names
     ]
-    upstream = AsgiUpstream({_url(r.name): r.app for r in replicas})
-    app = create_app(virtual_config(config, names), upstream=upstream, clock=loop.time, rng=random.Random(0))
+    apps: dict[str, ASGIApp] = {_url(r.name): r.app for r in replicas}
     endpoints = [(r.name, _url(r.name)) for r in replicas]
     ttfts: list[float] = []
     ok = 0
     async with AsyncExitStack() as stack:
         for replica in replicas:
             await stack.enter_async_context(replica)
-        await stack.enter_async_context(lifespan(app))
-        hub = app.state.router.hub
-        if hub is not None:
-            for name in names:
-                hub.follow_in_process(name)
-            feed.hub = hub
+        if isinstance(config, RecordedPlacement):
+            placed = config.replicas(requests)
+            if len(set(placed.values())) > options.replicas:
+                raise ValueError(f"the trace has {len(placed) - 1} endpoints: replay it on as many replicas")
+            targets = [f"{_url(placed[r.endpoint])}/v1/completions" for r in requests]
+        else:
+            routed = virtual_config(config, names)
+            app = create_app(routed, upstream=AsgiUpstream(apps), clock=loop.time, rng=random.Random(0))
+            await stack.enter_async_context(lifespan(app))
+            hub = app.state.router.hub
+            if hub is not None:
+                for name in names:
+                    hub.follow_in_process(name)
+                feed.hub = hub
+            apps[_ROUTER] = app
+            targets = [f"{_ROUTER}/v1/completions"] * len(requests)
         mounts = {_url(r.name): httpx.ASGITransport(app=r.app) for r in replicas}
         scrape = await stack.enter_async_context(httpx.AsyncClient(mounts=mounts))
         before = await snapshot(scrape, endpoints)
-        client = AsgiUpstream({_ROUTER: app})
+        client = AsgiUpstream(apps)
         model = sim.served_model_name
         origin = loop.time()
 
@@ -166,7 +192,7 @@ async def replay_virtual(
             request = requests[index]
             await asyncio.sleep(max(0.0, origin + request.t / options.speed - loop.time()))
             body = json.dumps(completion_body(model, prompts[index], request)).encode()
-            succeeded, first = await _send(client, body, f"replay-{index}", loop.time)
+            succeeded, first = await _send(client, targets[index], body, f"replay-{index}", loop.time)
             ok += succeeded
             if succeeded and first is not None:
                 ttfts.append(first * 1000.0)
@@ -180,7 +206,7 @@ async def replay_virtual(
 
 def run_config(
     label: str,
-    config: RouterConfig,
+    config: RouterConfig | RecordedPlacement,
     requests: Sequence[TracedRequest],
     prompts: Sequence[str],
     options: ReplayOptions,
@@ -190,7 +216,7 @@ def run_config(
 
 
 def replay_virtual_all(
-    configs: Sequence[tuple[str, RouterConfig]],
+    configs: Sequence[tuple[str, RouterConfig | RecordedPlacement]],
     requests: Sequence[TracedRequest],
     options: ReplayOptions,
     *,

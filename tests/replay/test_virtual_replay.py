@@ -13,7 +13,7 @@ from burstsched.replay.cli import add_arguments, run
 from burstsched.replay.rebuild import rebuild_prompts
 from burstsched.replay.runner import ReplayOptions
 from burstsched.replay.trace import read_trace
-from burstsched.replay.virtual_run import replay_virtual_all, run_config
+from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all, run_config
 
 from .test_replay_run import _write_trace
 
@@ -105,3 +105,26 @@ def test_a_missing_or_broken_trace_is_a_clear_error(
     broken.write_text('{"v": 1}\n')
     assert run(parser.parse_args([str(broken)])) == 2
     assert "not a trace" in capsys.readouterr().err
+
+
+def test_recorded_placement_sends_each_request_to_its_recorded_endpoint_s_replica(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    _write_trace(trace, count=6)
+    lines = [json.loads(text) for text in trace.read_text().splitlines()]
+    for index, line in enumerate(lines):
+        line["endpoint"] = "vllm-b" if index in (1, 2) else "vllm-a"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    requests = read_trace([trace])
+    options = ReplayOptions(replicas=2, virtual_time=True)
+    placement = RecordedPlacement()
+    assert placement.replicas(requests) == {"vllm-a": "sim-0", "vllm-b": "sim-1", None: "sim-0"}
+    result = run_config(placement.label, placement, requests, rebuild_prompts(requests), options)
+    assert result.ok == 6
+    assert result.requests_per_replica == {"sim-0": 4, "sim-1": 2}
+
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    too_few = parser.parse_args([str(trace), "--recorded-placement", "--replicas", "1"])
+    assert run(too_few) == 2
