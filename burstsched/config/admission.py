@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_MOVED = {"bypass_max_waiting": "saturation.max_waiting", "bypass_max_kv_usage": "saturation.max_kv_usage"}
+"""Admission keys that became the router's one saturation definition."""
 
 
 class AdmissionConfig(BaseModel):
     """Burst admission: hold cold requests briefly, group them by shared prefix, place each group."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in _MOVED.items():
+                if old in data:
+                    raise ValueError(
+                        f"admission.{old} is now {new} (one definition of a saturated endpoint, shared with "
+                        "the saturation-filter): move the value there"
+                    )
+        return data
 
     enabled: bool = Field(
         default=True,

@@ -176,3 +176,9 @@ def test_bad_endpoint_argument() -> None:
     with pytest.raises(ConfigError) as excinfo:
         parse_endpoint_arg("a=localhost:8000")
     assert excinfo.value.issues[0].path == "--endpoint.url"
+
+
+def test_a_moved_admission_key_says_where_it_went() -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        _build("admission:\n  bypass_max_waiting: 8\n")
+    assert any("saturation.max_waiting" in issue for issue in _issues(excinfo))
