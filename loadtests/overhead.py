@@ -14,7 +14,9 @@ Targets, each its own process over all backends, stopped by PID at the end (also
 ``burstsched`` (``burstsched serve --config``, tracing off); ``burstsched+trace`` (every request traced,
 OTLP/HTTP to ``python -m burstsched.telemetry.receiver``); with ``--baseline-ref``, ``before`` and
 ``before+trace``, the same from a temporary ``git worktree`` of that ref (this venv's interpreter,
-``PYTHONPATH`` = the worktree and its ``plugins/``); and the ``--peers`` from their cached venvs
+``PYTHONPATH`` = the worktree and its ``plugins/``); with ``--recording``, ``burstsched+rec`` records
+traffic (``recording:`` on, lines to a temporary file), and so does ``before+rec`` when there is a
+``--baseline-ref``; and the ``--peers`` from their cached venvs
 (loadtests/peers; skipped with the reason when a venv is absent: ``python -m loadtests.peers`` builds them).
 
 Load: per concurrency level, closed-loop clients over keep-alive raw sockets (loadtests/http_load.py; fresh
@@ -96,7 +98,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stream", action="store_true", help='requests say "stream": true (SSE answers)')
     parser.add_argument("--no-trace", dest="trace", action="store_false", help="skip the traced targets")
     parser.add_argument(
-        "--recording", action="store_true", help="also run burstsched with recording on (burstsched+rec)"
+        "--recording",
+        action="store_true",
+        help="also run burstsched with recording on (burstsched+rec; before+rec with --baseline-ref)",
     )
     parser.add_argument(
         "--peers",
@@ -302,7 +306,12 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
                     if problems:
                         skipped.append(("before", "; ".join(problems)))
                     else:
-                        routers.append(("before", tree_config(tree, args.config), tree))
+                        before_config = tree_config(tree, args.config)
+                        routers.append(("before", before_config, tree))
+                        if args.recording:
+                            before_logs = logdir / "before"
+                            before_logs.mkdir()
+                            routers.append(("before+rec", recording_config(before_config, before_logs), tree))
             for name, router_config, tree_path in routers:
                 variants = [(name, False)] + ([(f"{name}+trace", True)] if receiver is not None else [])
                 for label, traced in variants:

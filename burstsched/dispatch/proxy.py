@@ -34,7 +34,6 @@ from burstsched.dispatch.upstream import Upstream, UpstreamResponse
 from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, uncached_tokens
 from burstsched.pool import CircuitState, EndpointPool
 from burstsched.telemetry.metrics import RouterMetrics
-from burstsched.telemetry.usage import StreamTail
 from burstsched.wire.errors import error_body, sse_error_event
 
 if TYPE_CHECKING:
@@ -65,6 +64,13 @@ DispatchHookFn = Callable[[SchedRequest, EndpointSnapshot], None]
 
 RESPONSE_TAIL_BYTES = 2048
 """How much of a stream's end a :class:`Served` keeps (``keep_response_tail``): its usage chunk."""
+
+_TAIL_SLACK = 2 * RESPONSE_TAIL_BYTES
+"""A recorded stream's kept end is cut back to :data:`RESPONSE_TAIL_BYTES` once it grows past this: once
+every 2 KiB or so of the stream, rather than work on every chunk."""
+
+_ENDING_BYTES = 32
+"""A stream is whole when its last this many bytes hold ``data: [DONE]``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,12 +377,15 @@ class Dispatcher:
         exchange.outcome = "stream_error"
         exchange.started = True
         exchange.first_byte_at = time.monotonic()
-        kept = StreamTail(RESPONSE_TAIL_BYTES) if self._keep_tail else None
+        # One step per chunk and no Python-level call: the recorder's tail grows in place and is cut back
+        # now and then, or (not recording) the end check keeps a reference to the last read (copied only
+        # while reads are under 32 bytes). Either holds the stream's last 32 bytes for the end check.
+        kept = bytearray() if self._keep_tail else None
         await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
         is_sse = any(
             k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in upstream.headers
         )
-        tail = b""
+        ending = b""
         failure: str | None = None
         span = exchange.span
         try:
@@ -386,16 +395,20 @@ class Dispatcher:
                     if span is not None:
                         span.chunk(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    tail = (tail + chunk)[-32:]
-                    if kept is not None:
-                        kept.add(chunk)
+                    if kept is None:
+                        ending = chunk if len(chunk) >= _ENDING_BYTES else (ending + chunk)[-_ENDING_BYTES:]
+                    else:
+                        kept += chunk
+                        if len(kept) > _TAIL_SLACK:
+                            del kept[:-RESPONSE_TAIL_BYTES]
                 chunk = await anext(chunks, None)
         except httpx.HTTPError as exc:
             failure = f"upstream {name} failed mid-stream: {type(exc).__name__}"
         except Exception as exc:  # any failure after the first byte still ends the stream properly
             log.exception("stream from %s failed", name)
             failure = f"stream from {name} failed: {type(exc).__name__}"
-        if failure is None and is_sse and DONE_EVENT.strip() not in tail:
+        last = ending if kept is None else kept
+        if failure is None and is_sse and DONE_EVENT.strip() not in last[-_ENDING_BYTES:]:
             failure = f"upstream {name} ended the stream early"
         if failure is not None:
             self._pool.report_failure(name, unreachable=False)
@@ -413,8 +426,9 @@ class Dispatcher:
             return
         exchange.outcome = "ok"
         exchange.complete = True
-        if kept is not None:
-            exchange.response_tail = kept.value()
+        if kept is not None:  # parsed for usage on the recorder's thread
+            del kept[:-RESPONSE_TAIL_BYTES]
+            exchange.response_tail = bytes(kept)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _first_chunk(self, chunks: AsyncIterator[bytes], name: str) -> bytes:
