@@ -50,8 +50,8 @@ class Calibration:
         frontend_us = c.frontend_s_per_prompt_token * 1e6
         step_from = f"{self.step_points} decode cadences" if self.step_points else "the TTFT fit"
         return (
-            f"calibrated on {self.points} recorded TTFTs (step from {step_from}): step {step_ms:.2f} ms "
-            f"+ {c.decode_s_per_seq * 1000:.2f} ms per decoding sequence, prefill {prefill_us:.1f} us/token, "
+            f"calibrated on {self.points} recorded TTFTs (step from {step_from}): step {step_ms:.2f} ms, "
+            f"{c.load_slowdown:.2f} slower per extra sequence, prefill {prefill_us:.1f} us/token, "
             f"front end {frontend_us:.2f} us/prompt token"
         )
 
@@ -65,56 +65,72 @@ def calibrate(requests: Sequence[TracedRequest], base: CostModel | None = None) 
     uncached = np.array([float(r.input_tokens or 0) - (r.cached_tokens or 0) for r in usable])
     prompt = np.array([float(r.input_tokens or 0) for r in usable])
     ttft = np.array([(r.ttft_ms or 0.0) / 1000.0 for r in usable])
-    cadence = _decode_cadence(usable)
+    cadence = _decode_cadence(usable, base)
     if cadence is not None:
-        step, decode, step_points = cadence
-        prefill, frontend = _median_fit(np.column_stack([uncached, prompt]), ttft - step)
+        step, slowdown, step_points = cadence
+        # ttft = frontend x prompt + (step + prefill x uncached) x load, load from the requests in flight
+        load = 1.0 + slowdown * _in_flight_at_arrival(usable)
+        prefill, frontend = _median_fit(np.column_stack([uncached * load, prompt]), ttft - step * load)
     else:
         step, prefill, frontend = _median_fit(np.column_stack([np.ones(len(ttft)), uncached, prompt]), ttft)
-        decode, step_points = base.decode_s_per_seq, 0
+        slowdown, step_points = base.load_slowdown, 0
     cost = replace(
         base,
         step_overhead_s=max(0.0, step),
-        decode_s_per_seq=max(0.0, decode),
+        load_slowdown=max(0.0, slowdown),
         prefill_s_per_token=max(0.0, prefill),
         frontend_s_per_prompt_token=max(0.0, frontend),
     )
     return Calibration(cost, len(usable), step_points)
 
 
-def _decode_cadence(requests: Sequence[TracedRequest]) -> tuple[float, float, int] | None:
-    """(step overhead, decode cost per running sequence, points) from the recorded inter-token latencies.
+def _intervals(requests: Sequence[TracedRequest]) -> tuple[npt.NDArray[np.float64], ...]:
+    """Arrival, first token and end (seconds; end = arrival when unknown) and endpoint of each request."""
+    arrivals = np.array([r.t for r in requests])
+    firsts = arrivals + np.array([(r.ttft_ms or 0.0) / 1000.0 for r in requests])
+    ends = arrivals + np.array([(r.e2e_ms or 0.0) / 1000.0 for r in requests])
+    return arrivals, firsts, ends
 
-    Each request's mean inter-token latency ``(e2e - ttft) / (output tokens - 1)`` is set against how many
-    requests its endpoint was serving on average while it decoded (itself included, from the recorded
-    arrival and end times); a median fit of ``itl = step + decode x sequences``. None when fewer than
-    ``MIN_POINTS`` requests have the latencies, or the fit has no positive step."""
+
+def _in_flight_at_arrival(requests: Sequence[TracedRequest]) -> npt.NDArray[np.float64]:
+    """How many other requests each one's endpoint was serving when it arrived (recorded times)."""
+    arrivals, _, ends = _intervals(requests)
+    endpoints = np.array([r.endpoint or "" for r in requests])
+    counts = np.zeros(len(requests))
+    for i in range(len(requests)):
+        same = endpoints == endpoints[i]
+        counts[i] = np.count_nonzero((arrivals[same] < arrivals[i]) & (ends[same] > arrivals[i]))
+    return counts
+
+
+def _decode_cadence(requests: Sequence[TracedRequest], base: CostModel) -> tuple[float, float, int] | None:
+    """(step overhead, load slowdown, points) from the recorded inter-token latencies.
+
+    Each request's mean inter-token latency ``(e2e - ttft) / (output tokens - 1)`` is one decode step of its
+    endpoint; it is set against how many sequences that endpoint served on average meanwhile (itself
+    included, from the recorded arrival and end times). A median fit of ``itl = a + b x (sequences - 1)``
+    gives the lone step ``a`` (less the simulator's per-sequence decode cost: the step overhead) and the
+    slowdown per extra sequence ``b / a``. None when fewer than ``MIN_POINTS`` requests have the latencies,
+    or the fit has no positive step."""
     rows = [
-        r
-        for r in requests
-        if r.e2e_ms is not None
-        and r.ttft_ms is not None
-        and r.output_tokens is not None
-        and r.output_tokens > 1
+        r for r in requests if r.e2e_ms is not None and r.ttft_ms is not None and (r.output_tokens or 0) > 1
     ]
     if len(rows) < MIN_POINTS:
         return None
-    starts = np.array([r.t + (r.ttft_ms or 0.0) / 1000.0 for r in rows])
-    ends = np.array([r.t + (r.e2e_ms or 0.0) / 1000.0 for r in rows])
-    arrivals = np.array([r.t for r in rows])
+    arrivals, starts, ends = _intervals(rows)
     endpoints = np.array([r.endpoint or "" for r in rows])
     itl = np.array(
         [((r.e2e_ms or 0.0) - (r.ttft_ms or 0.0)) / 1000.0 / ((r.output_tokens or 2) - 1) for r in rows]
     )
-    sequences = np.ones(len(rows))
+    others = np.zeros(len(rows))
     for i in range(len(rows)):
         same = endpoints == endpoints[i]
         overlap = np.clip(np.minimum(ends[i], ends[same]) - np.maximum(starts[i], arrivals[same]), 0.0, None)
-        sequences[i] += (overlap.sum() - (ends[i] - starts[i])) / max(ends[i] - starts[i], 1e-6)
-    step, decode = _median_fit(np.column_stack([np.ones(len(rows)), sequences]), itl)
-    if step <= 0.0:
+        others[i] = (overlap.sum() - (ends[i] - starts[i])) / max(ends[i] - starts[i], 1e-6)
+    lone, extra = _median_fit(np.column_stack([np.ones(len(rows)), others]), itl)
+    if lone <= 0.0:
         return None
-    return step, max(0.0, decode), len(rows)
+    return max(0.0, lone - base.decode_s_per_seq), max(0.0, extra / lone), len(rows)
 
 
 def _median_fit(design: npt.NDArray[np.float64], target: npt.NDArray[np.float64]) -> list[float]:

@@ -43,6 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens per KV block, as on the recorded replicas (default 16)",
     )
     parser.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens one engine step computes at most, as on the recorded replicas (vLLM's "
+        "max_num_batched_tokens; on CPU 2048; default: the simulator's)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="sequences running at once, as on the recorded replicas",
+    )
+    parser.add_argument(
         "--no-calibrate",
         action="store_true",
         help="keep the simulator's default speed instead of fitting it to the trace's recorded TTFTs",
@@ -181,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         virtual_time=not args.realtime,
         text_seed=args.text_seed,
         block_size=args.block_size,
+        max_num_batched_tokens=args.max_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
         cost=None if calibration is None else calibration.cost,
     )
     if args.recorded_placement:

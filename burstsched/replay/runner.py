@@ -44,6 +44,11 @@ class ReplayOptions:
     """Simulator time per real second's worth of work (0.25: four times faster than real time)."""
     block_size: int = 16
     """Tokens per KV block of the simulated replicas (the recorded replicas' block size)."""
+    max_num_batched_tokens: int | None = None
+    """Tokens one engine step computes at most, as on the recorded replicas (None: the simulator's default;
+    vLLM on CPU: 2048)."""
+    max_num_seqs: int | None = None
+    """Sequences running at once at most (None: the simulator's default)."""
     cost: CostModel | None = None
     """The simulator's costs (None: its defaults); :func:`burstsched.replay.calibrate.calibrate` fits them."""
     request_timeout_s: float = 120.0
@@ -141,6 +146,10 @@ async def replay_one(
         sim = replace(sim, cost=options.cost)
     if options.kv_blocks is not None:
         sim = replace(sim, num_gpu_blocks=options.kv_blocks)
+    if options.max_num_batched_tokens is not None:
+        sim = replace(sim, max_num_batched_tokens=options.max_num_batched_tokens)
+    if options.max_num_seqs is not None:
+        sim = replace(sim, max_num_seqs=options.max_num_seqs)
     scale = options.time_scale
     started = time.perf_counter()
     ttfts: list[float] = []

@@ -73,6 +73,10 @@ def _sim_config(options: ReplayOptions) -> SimConfig:
         sim = replace(sim, cost=options.cost)
     if options.kv_blocks is not None:
         sim = replace(sim, num_gpu_blocks=options.kv_blocks)
+    if options.max_num_batched_tokens is not None:
+        sim = replace(sim, max_num_batched_tokens=options.max_num_batched_tokens)
+    if options.max_num_seqs is not None:
+        sim = replace(sim, max_num_seqs=options.max_num_seqs)
     return sim
 
 

@@ -292,7 +292,8 @@ class Engine:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                duration = self.cost.step_s(plan.prefill_tokens, plan.decode_seqs) * self.time_scale
+                step = self.cost.step_s(plan.prefill_tokens, plan.decode_seqs, len(plan.scheduled))
+                duration = step * self.time_scale
                 now = self.clock.now()
                 # Back-to-back steps start where the last one ended, so sleep overshoot does not add up;
                 # after a stall of the event loop the engine catches up at most _MAX_LAG_S.

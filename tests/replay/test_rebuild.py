@@ -78,9 +78,11 @@ def test_with_recorded_usage_a_rebuilt_prompt_costs_the_simulator_the_recorded_t
 
 def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
     """Latencies made from known costs (a third of the TTFTs delayed by a queue; every other arrival two
-    requests decoding side by side): the fits find the step, the decode cost, prefill and front end."""
+    requests decoding side by side, each step then slower): the fits find the step, the slowdown per extra
+    sequence, prefill and front end."""
     rng = random.Random(11)
-    step, decode, prefill, frontend = 0.004, 0.002, 80e-6, 12e-6
+    step, slowdown, prefill, frontend = 0.004, 0.5, 80e-6, 12e-6
+    decode = CostModel().decode_s_per_seq
     requests = []
     for k in range(60):
         prompt = rng.randint(500, 4000)
@@ -89,7 +91,7 @@ def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
         if k % 3 == 0:
             ttft += rng.uniform(0.05, 0.3)  # waited behind others
         together = 1 + k % 2
-        e2e = ttft + 15 * (step + decode * together)
+        e2e = ttft + 15 * (step + decode) * (1 + slowdown * (together - 1))
         base = dataclasses.replace(_traced((1, 2), 10), t=10.0 * k)
         line = dataclasses.replace(
             base, input_tokens=prompt, cached_tokens=cached, ttft_ms=ttft * 1000, e2e_ms=e2e * 1000
@@ -98,13 +100,13 @@ def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
     fitted = calibrate(requests)
     assert fitted is not None and fitted.points == 90 and fitted.step_points == 90
     assert fitted.cost.step_overhead_s == pytest.approx(step, abs=2e-4)
-    assert fitted.cost.decode_s_per_seq == pytest.approx(decode, abs=2e-4)
+    assert fitted.cost.load_slowdown == pytest.approx(slowdown, abs=0.02)
     assert fitted.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
     assert fitted.cost.frontend_s_per_prompt_token == pytest.approx(frontend, rel=0.15)
-    # without end-to-end latencies the step comes from the TTFT fit's intercept, decode keeps its default
+    # without end-to-end latencies the step comes from the TTFT fit's intercept, no slowdown is fitted
     no_e2e = calibrate([dataclasses.replace(r, e2e_ms=None) for r in requests])
     assert no_e2e is not None and no_e2e.step_points == 0
-    assert no_e2e.cost.decode_s_per_seq == CostModel().decode_s_per_seq
+    assert no_e2e.cost.load_slowdown == CostModel().load_slowdown
     assert no_e2e.cost.step_overhead_s == pytest.approx(step, abs=1e-3)
     assert no_e2e.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
     assert calibrate(requests[:5]) is None  # too few points

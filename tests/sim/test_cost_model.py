@@ -1,0 +1,46 @@
+"""The cost model's step: linear in its work, and on a CPU replica slower for every sequence it serves."""
+
+from __future__ import annotations
+
+import pytest
+
+from burstsched.sim.cost_model import CostModel
+
+from .engine_helpers import running_engine, tokens
+
+COST = CostModel(step_overhead_s=0.01, prefill_s_per_token=0.001, decode_s_per_seq=0.002)
+
+
+def test_a_step_is_its_overhead_prefill_and_decodes() -> None:
+    assert COST.step_s(0, 0) == 0.0
+    assert COST.step_s(100, 3) == pytest.approx(0.01 + 0.1 + 0.006)
+
+
+def test_a_load_slowdown_lengthens_a_step_by_each_sequence_beyond_the_first() -> None:
+    slow = CostModel(
+        step_overhead_s=0.01, prefill_s_per_token=0.001, decode_s_per_seq=0.002, load_slowdown=0.5
+    )
+    assert slow.step_s(100, 0, sequences=1) == pytest.approx(COST.step_s(100, 0))
+    assert slow.step_s(100, 3, sequences=4) == pytest.approx(COST.step_s(100, 3) * 2.5)
+    with pytest.raises(ValueError):
+        CostModel(load_slowdown=-0.1)
+
+
+@pytest.mark.anyio
+async def test_two_decoding_sequences_each_wait_longer_per_token_with_a_slowdown() -> None:
+    """Two requests decode side by side: each step costs its overhead, with a 0.5 slowdown half again."""
+    gaps: dict[float, float] = {}
+    for slowdown in (0.0, 0.5):
+        cost = CostModel(
+            step_overhead_s=0.01, prefill_s_per_token=0.0, decode_s_per_seq=0.0, load_slowdown=slowdown
+        )
+        async with running_engine(block_size=4, max_num_batched_tokens=64, cost=cost) as h:
+            a, b = h.request("a", tokens(1, 8), max_tokens=6), h.request("b", tokens(50, 8), max_tokens=6)
+            h.add(a)
+            h.add(b)
+            await h.finish(a)
+            await h.finish(b)
+            assert a.first_token_time is not None and a.finished_time is not None
+            gaps[slowdown] = (a.finished_time - a.first_token_time) / 5
+    assert gaps[0.0] == pytest.approx(0.01)
+    assert gaps[0.5] == pytest.approx(0.015)
