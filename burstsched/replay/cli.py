@@ -65,8 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--text-seed",
         type=int,
         default=0,
-        help="seed of the rebuilt prompts' synthetic words (same sharing structure, other token counts: "
-        "what moves with it is the replay's own noise)",
+        help="seed of the rebuilt prompts' synthetic words (same sharing structure, other token counts) "
+        "and of the router's random choices: what moves with it is the replay's own noise",
     )
     parser.add_argument(
         "--realtime",

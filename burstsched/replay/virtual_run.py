@@ -175,7 +175,8 @@ async def replay_virtual(
             targets = [f"{_url(placed[r.endpoint])}/v1/completions" for r in requests]
         else:
             routed = virtual_config(config, names)
-            app = create_app(routed, upstream=AsgiUpstream(apps), clock=loop.time, rng=random.Random(0))
+            rng = random.Random(options.text_seed)  # the pickers' random choices move with the seed too
+            app = create_app(routed, upstream=AsgiUpstream(apps), clock=loop.time, rng=rng)
             await stack.enter_async_context(lifespan(app))
             hub = app.state.router.hub
             if hub is not None:
