@@ -106,10 +106,13 @@ class Failing:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("r1", ["connect", "timeout", "503", "400"])
-async def test_the_prefix_is_recorded_only_on_the_endpoint_that_took_the_request(r1: str) -> None:
-    """on_dispatch fires for the endpoint whose answer the client got, not for every attempt: the approximate
-    index never holds the prompt on r1, which failed before its first byte (or refused it with a 400)."""
+async def test_a_stream_s_prefix_is_recorded_only_on_the_endpoint_that_took_it(r1: str, stream: bool) -> None:
+    """For a stream, on_dispatch fires for the endpoint whose answer the client got, not for every attempt:
+    the approximate index never holds the prompt on r1, which failed before its first byte (or refused it
+    with a 400). A whole-body request is recorded at each attempt's start (its head comes with its whole
+    answer, too late for a burst to follow it): r1 holds it too, unless the pool forgot r1 as unreachable."""
     upstream = Failing(r1)
     config = router_config([("r1", "http://r1:8000"), ("r2", "http://r2:8000")])
     async with (
@@ -122,10 +125,13 @@ async def test_the_prefix_is_recorded_only_on_the_endpoint_that_took_the_request
             p for p in router.app.state.router.scheduler.profile.plugins if hasattr(p, "index")
         ).index
         with anyio.fail_after(10):
-            response = await client.post("/v1/completions", json={"model": "m", "prompt": "context " * 200})
+            body = {"model": "m", "prompt": "context " * 200, "stream": stream}
+            response = await client.post("/v1/completions", json=body)
+        on_r1 = 0 if stream or r1 == "connect" else index.size("r2")  # the same prompt's blocks
         if r1 == "400":  # refused: no failover, and nobody computed the prompt
             assert response.status_code == 400 and upstream.completions == ["r1"]
-            assert (index.size("r1"), index.size("r2")) == (0, 0)
+            assert index.size("r2") == 0
+            assert (index.size("r1") > 0) == (not stream)
             return
         assert response.status_code == 200 and upstream.completions == ["r1", "r2"]
-        assert index.size("r1") == 0 and index.size("r2") > 0
+        assert index.size("r1") == on_r1 and index.size("r2") > 0
