@@ -280,14 +280,14 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
 
 
 def _event_hub(
-    config: RouterConfig, consumers: list[KVEventConsumer], metrics: RouterMetrics
+    config: RouterConfig, consumers: list[KVEventConsumer], metrics: RouterMetrics, in_process: bool
 ) -> KVEventHub | None:
     """The KV-event hub when the profile has a consumer (the precise prefix producer)."""
     if not consumers:
         return None
     addresses = stream_addresses(config.endpoints, config.kv_events)
     missing = {e.endpoint_name for e in config.endpoints} - {a.endpoint for a in addresses}
-    if missing:
+    if missing and not in_process:
         log.warning(
             "no KV-event address for %s (set kv_events.endpoint_template or the endpoint's kv_events): "
             "their prefix matches come from the approximate index",
@@ -341,6 +341,7 @@ def create_app(
     rng: random.Random | None = None,
     discovery: Discovery | None = None,
     config_source: ConfigSource | None = None,
+    kv_events_in_process: bool = False,
 ) -> Starlette:
     """The router as an ASGI app; its lifespan builds the scheduler, the upstream client and the pool.
 
@@ -350,7 +351,9 @@ def create_app(
     ``clock`` (monotonic seconds) and ``rng`` drive staleness and the pickers' randomness; ``discovery``
     replaces the source the config's ``discovery`` section names (tests inject a resolver this way);
     ``config_source`` reads the config again for a live reload (``POST /admin/reload``, and ``serve``'s SIGHUP
-    and file watch; None: a reload is refused).
+    and file watch; None: a reload is refused); ``kv_events_in_process``: the caller hands the replicas' KV
+    events to the hub itself (``KVEventHub.follow_in_process``, an in-process replay), so endpoints without a
+    ZMQ address are expected.
     """
     registry = registry if registry is not None else PluginRegistry.discover()
     rng = rng if rng is not None else random.Random()
@@ -397,7 +400,7 @@ def create_app(
             if control_io is None:
                 control_io = await resources.enter_async_context(_upstream_client(config))
             consumers = [p for p in scheduler.profile.plugins if isinstance(p, KVEventConsumer)]
-            hub = _event_hub(config, consumers, metrics)
+            hub = _event_hub(config, consumers, metrics, kv_events_in_process)
 
             def endpoint_down(name: str) -> None:
                 scheduler.forget_endpoint(name)

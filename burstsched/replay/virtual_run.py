@@ -176,7 +176,9 @@ async def replay_virtual(
         else:
             routed = virtual_config(config, names)
             rng = random.Random(options.text_seed)  # the pickers' random choices move with the seed too
-            app = create_app(routed, upstream=AsgiUpstream(apps), clock=loop.time, rng=rng)
+            app = create_app(
+                routed, upstream=AsgiUpstream(apps), clock=loop.time, rng=rng, kv_events_in_process=True
+            )
             await stack.enter_async_context(lifespan(app))
             hub = app.state.router.hub
             if hub is not None:
