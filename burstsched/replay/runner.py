@@ -85,6 +85,20 @@ class ReplayResult:
         return data
 
 
+def sim_config(options: ReplayOptions, base: SimConfig) -> SimConfig:
+    """``base`` with the options' replica geometry and costs (those the options leave unset stay)."""
+    sim = replace(base, block_size=options.block_size)
+    if options.cost is not None:
+        sim = replace(sim, cost=options.cost)
+    if options.kv_blocks is not None:
+        sim = replace(sim, num_gpu_blocks=options.kv_blocks)
+    if options.max_num_batched_tokens is not None:
+        sim = replace(sim, max_num_batched_tokens=options.max_num_batched_tokens)
+    if options.max_num_seqs is not None:
+        sim = replace(sim, max_num_seqs=options.max_num_seqs)
+    return sim
+
+
 def replay_config(config: RouterConfig, options: ReplayOptions) -> RouterConfig:
     """The config as the replay runs it: no recording, no endpoints, the window scaled to the sim's time."""
     admission = config.admission.model_copy(
@@ -136,20 +150,10 @@ async def replay_one(
 ) -> ReplayResult:
     """Replay every request through ``config`` on a fresh simulated pool."""
     events = "tcp://127.0.0.1:*"
-    sim = SimConfig(
-        time_scale=options.time_scale,
-        block_size=options.block_size,
-        kv_events_endpoint=events,
-        kv_events_replay_endpoint=events,
+    sim = sim_config(
+        options,
+        SimConfig(time_scale=options.time_scale, kv_events_endpoint=events, kv_events_replay_endpoint=events),
     )
-    if options.cost is not None:
-        sim = replace(sim, cost=options.cost)
-    if options.kv_blocks is not None:
-        sim = replace(sim, num_gpu_blocks=options.kv_blocks)
-    if options.max_num_batched_tokens is not None:
-        sim = replace(sim, max_num_batched_tokens=options.max_num_batched_tokens)
-    if options.max_num_seqs is not None:
-        sim = replace(sim, max_num_seqs=options.max_num_seqs)
     scale = options.time_scale
     started = time.perf_counter()
     ttfts: list[float] = []

@@ -36,7 +36,7 @@ from burstsched.kvcache import KVEventHub
 from burstsched.prefix.kv_events import EventBatch, KVEvent
 from burstsched.replay.asgi_io import AsgiUpstream, lifespan
 from burstsched.replay.rebuild import rebuild_prompts
-from burstsched.replay.runner import ReplayOptions, ReplayResult, completion_body, summarize
+from burstsched.replay.runner import ReplayOptions, ReplayResult, completion_body, sim_config, summarize
 from burstsched.replay.trace import TracedRequest
 from burstsched.replay.virtual_time import run_virtual
 from burstsched.sim import SimConfig
@@ -65,19 +65,6 @@ def virtual_config(config: RouterConfig, names: Sequence[str]) -> RouterConfig:
         }
     )
     return with_tokenizer(routed, "remote")
-
-
-def _sim_config(options: ReplayOptions) -> SimConfig:
-    sim = SimConfig(time_scale=1.0, block_size=options.block_size)
-    if options.cost is not None:
-        sim = replace(sim, cost=options.cost)
-    if options.kv_blocks is not None:
-        sim = replace(sim, num_gpu_blocks=options.kv_blocks)
-    if options.max_num_batched_tokens is not None:
-        sim = replace(sim, max_num_batched_tokens=options.max_num_batched_tokens)
-    if options.max_num_seqs is not None:
-        sim = replace(sim, max_num_seqs=options.max_num_seqs)
-    return sim
 
 
 class _EventFeed:
@@ -157,7 +144,7 @@ async def replay_virtual(
     clock = LoopClock()
     names = [f"sim-{i}" for i in range(options.replicas)]
     feed = _EventFeed(loop.time)
-    sim = _sim_config(options)
+    sim = sim_config(options, SimConfig(time_scale=1.0))
     replicas = [
         InProcessReplica(replace(sim, name=n), name=n, clock=clock, event_sink=feed.sink(n)) for n in names
     ]
