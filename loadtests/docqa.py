@@ -39,10 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
-import json
 import math
 import random
-import shlex
 import signal
 import time
 from collections.abc import Sequence
@@ -67,7 +65,7 @@ from burstsched.workloads.docqa_report import markdown_table, report_markdown
 from burstsched.workloads.docqa_run import RequestRecord, run_target
 from burstsched.workloads.replica_state import CacheConfig, read_cache_config
 from burstsched.workloads.router_process import RouterStartError
-from burstsched.workloads.run_summary import RunSummary, TargetRun
+from burstsched.workloads.run_summary import TargetRun
 from burstsched.workloads.targets import Target, parse_targets
 from loadtests.peers import PeerUnavailable
 from loadtests.replica_pool import (
@@ -79,7 +77,7 @@ from loadtests.replica_pool import (
     sizing_replica,
     tokenizer_of,
 )
-from loadtests.run_plots import write_plots
+from loadtests.run_report import write_run_report
 from loadtests.run_targets import (
     add_run_arguments,
     build_targets,
@@ -293,32 +291,19 @@ def write_outputs(
     skipped: dict[str, str],
     capacity: Capacity | None,
 ) -> None:
-    tag = args.tag or f"docqa-{args.backend}-{args.replicas}r"
-    out: Path = args.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    summaries: list[RunSummary] = [run.summary for _, run in runs]
-    capacity_rps = capacity.requests_per_s if capacity is not None else None
-    plots = write_plots(out, tag, f"{args.backend}, {args.replicas} replicas", runs, capacity_rps)
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
-    document = {
-        "command": command,
-        "setup": setup,
-        "capacity": None if capacity is None else capacity.as_json(),
-        "skipped": skipped,
-        "summaries": [s.as_json() for s in summaries],
-        "runs": [
-            {"rate": rate, "send_lag_p99_ms_per_attempt": lags, **run.as_json()}
-            for (rate, run), lags in zip(runs, attempts, strict=True)
-        ],
-    }
-    (out / f"{tag}.json").write_text(json.dumps(document, separators=(",", ":")) + "\n")
-    title = f"Document QA: {args.backend}, {args.replicas} replicas"
-    (out / f"{tag}.md").write_text(report_markdown(title, command, setup, summaries, skipped, plots))
-    print()
-    print(markdown_table(summaries))
-    for label, why in skipped.items():
-        print(f"skipped {label}: {why}")
-    print(f"\nwrote {out / (tag + '.json')}, {out / (tag + '.md')} and {len(plots)} plot(s)")
+    write_run_report(
+        args.out_dir,
+        args.tag or f"docqa-{args.backend}-{args.replicas}r",
+        f"Document QA: {args.backend}, {args.replicas} replicas",
+        f"{args.backend}, {args.replicas} replicas",
+        setup,
+        runs,
+        attempts,
+        skipped,
+        capacity,
+        table=markdown_table,
+        page=report_markdown,
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:
