@@ -138,12 +138,17 @@ def _replay(
     configs: list[tuple[str, RouterConfig]],
     requests: list[TracedRequest],
     options: ReplayOptions,
-) -> tuple[list[ReplayResult], list[str], float]:
+) -> tuple[ReplayResult | None, list[ReplayResult], list[str], float]:
+    """(the recorded-placement row when asked for, the configs' results, the skipped labels, seconds)."""
     if args.realtime:
-        return anyio.run(replay_all, configs, requests, options, args.budget_s)
+        return None, *anyio.run(replay_all, configs, requests, options, args.budget_s)
     jobs = args.jobs if args.jobs is not None else min(4, os.cpu_count() or 1)
     runs: list[tuple[str, RouterConfig | RecordedPlacement]] = list(configs)
-    return replay_virtual_all(runs, requests, options, jobs=jobs, budget_s=args.budget_s)
+    if args.recorded_placement:  # first, in the same worker pool as the configs
+        runs.insert(0, (RecordedPlacement.label, RecordedPlacement()))
+    results, skipped, elapsed = replay_virtual_all(runs, requests, options, jobs=jobs, budget_s=args.budget_s)
+    placement = results.pop(0) if args.recorded_placement else None
+    return placement, results, skipped, elapsed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -173,7 +178,6 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("burstsched replay: --jobs must be at least 1", file=sys.stderr)
         return 2
-    placement: ReplayResult | None = None
     if args.recorded_placement:
         if args.realtime:
             print("burstsched replay: --recorded-placement replays on virtual time only", file=sys.stderr)
@@ -198,11 +202,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         cost=None if calibration is None else calibration.cost,
     )
-    if args.recorded_placement:
-        placement = replay_virtual_all(
-            [(RecordedPlacement.label, RecordedPlacement())], requests, options, progress=False
-        )[0][0]
-    results, skipped, elapsed = _replay(args, configs, requests, options)
+    placement, results, skipped, elapsed = _replay(args, configs, requests, options)
     summary = summarize_trace(requests)
     shown = [recorded_row(summary), *([] if placement is None else [row(placement)])]
     print(text_table([*shown, *(row(r) for r in results)]))

@@ -38,11 +38,9 @@ class _JumpingSelector(selectors.DefaultSelector):
         loop = self.loop
         if ready or timeout == 0 or loop is None:
             return ready
-        if loop.threads_pending or timeout is None:
-            # a thread will answer through the self-pipe; with no timer at all only I/O can wake the loop
-            real = _REAL_WAIT_S if timeout is None else min(timeout, _REAL_WAIT_S)
-            if loop.threads_pending:
-                return super().select(real)
+        if loop.threads_pending:  # a thread will answer through the self-pipe: wait for it for real
+            return super().select(_REAL_WAIT_S if timeout is None else min(timeout, _REAL_WAIT_S))
+        if timeout is None:  # no timer at all: only I/O can wake the loop
             return super().select(None)
         loop.advance(timeout)
         return []

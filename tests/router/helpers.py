@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+import subprocess
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
+import httpx
 
 from burstsched.config import EndpointConfig, PoolConfig, RouterConfig, parse_config_text
 from burstsched.framework import ApiKind, PluginContext, PluginRegistry, SchedRequest
@@ -43,3 +45,16 @@ async def eventually(
     with anyio.fail_after(within_s):
         while not await check():  # noqa: ASYNC110 - polls state owned by another server
             await anyio.sleep(poll)
+
+
+async def until_serving(proc: subprocess.Popen[bytes], client: httpx.AsyncClient) -> None:
+    """Wait (30 s at most) until the ``burstsched serve`` process ``proc`` answers ``/ready``."""
+
+    async def ready() -> bool:
+        assert proc.poll() is None, "burstsched serve exited early"
+        try:
+            return (await client.get("/ready")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await eventually(ready, within_s=30, poll=0.1)

@@ -21,10 +21,12 @@ METRICS = (
 
 
 class Upstream:
-    """Two replicas, r1 and r2 (r2 reports a queue, so r1 ranks first); completions fail on r1."""
+    """Two replicas, r1 and r2 (r2 reports a queue, so r1 ranks first); completions fail on r1: ``connect``,
+    ``timeout``, or an HTTP status (e.g. ``"503"``). With ``prompt`` set, every completion must carry it."""
 
-    def __init__(self, r1_failure: str) -> None:
+    def __init__(self, r1_failure: str, prompt: str | None = "hi") -> None:
         self.r1_failure = r1_failure
+        self.prompt = prompt
         self.completions: list[str] = []
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -42,7 +44,11 @@ class Upstream:
                 raise httpx.ConnectError("connection refused", request=request)
             if self.r1_failure == "timeout":
                 raise httpx.ReadTimeout("read timed out", request=request)
-        assert json.loads(request.content)["prompt"] == "hi"
+            if self.r1_failure.isdigit():
+                error = {"error": {"message": "no", "type": "x", "code": None}}
+                return httpx.Response(int(self.r1_failure), json=error)
+        if self.prompt is not None:
+            assert json.loads(request.content)["prompt"] == self.prompt
         return httpx.Response(200, json={"choices": [{"text": "ok"}], "host": host})
 
 
@@ -80,31 +86,6 @@ async def test_attempts_are_bounded() -> None:
         assert upstream.completions == ["r1"]
 
 
-class Failing:
-    """Two replicas: r1 fails a completion before its first byte (or refuses it), r2 answers."""
-
-    def __init__(self, r1: str) -> None:
-        self.r1 = r1
-        self.completions: list[str] = []
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        host, path = request.url.host, request.url.path
-        if path == "/health":
-            return httpx.Response(200)
-        if path == "/metrics":
-            return httpx.Response(200, text=METRICS.format(waiting=5 if host == "r2" else 0))
-        if path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "m", "object": "model"}]})
-        self.completions.append(host)
-        if host == "r1":
-            if self.r1 == "connect":
-                raise httpx.ConnectError("connection refused", request=request)
-            if self.r1 == "timeout":
-                raise httpx.ReadTimeout("read timed out", request=request)
-            return httpx.Response(int(self.r1), json={"error": {"message": "no", "type": "x", "code": None}})
-        return httpx.Response(200, json={"choices": [{"text": "ok"}]})
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("r1", ["connect", "timeout", "503", "400"])
@@ -113,7 +94,7 @@ async def test_a_stream_s_prefix_is_recorded_only_on_the_endpoint_that_took_it(r
     the approximate index never holds the prompt on r1, which failed before its first byte (or refused it
     with a 400). A whole-body request is recorded at each attempt's start (its head comes with its whole
     answer, too late for a burst to follow it): r1 holds it too, unless the pool forgot r1 as unreachable."""
-    upstream = Failing(r1)
+    upstream = Upstream(r1, prompt=None)
     config = router_config([("r1", "http://r1:8000"), ("r2", "http://r2:8000")])
     async with (
         running_router(

@@ -29,7 +29,7 @@ from burstsched.server.workers import WORKER_HEADER
 from burstsched.testing.ports import free_port
 from burstsched.testing.replicas import MODEL, Replica, sim_replicas
 
-from .helpers import eventually
+from .helpers import eventually, until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -256,15 +256,7 @@ async def serve_process(
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-
-            async def ready() -> bool:
-                assert proc.poll() is None, "burstsched serve exited early"
-                try:
-                    return (await client.get("/ready")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await eventually(ready, within_s=30, poll=0.1)
+            await until_serving(proc, client)
             yield proc, client
     finally:
         if proc.poll() is None:

@@ -16,7 +16,7 @@ from burstsched import cli
 from burstsched.testing.ports import free_port
 from burstsched.testing.replicas import MODEL, sim_replicas
 
-from .helpers import eventually
+from .helpers import until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,15 +55,7 @@ async def test_serve_process_routes_and_stops_on_sigint() -> None:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)  # noqa: ASYNC220
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
-
-                async def ready() -> bool:
-                    assert proc.poll() is None, "burstsched serve exited early"
-                    try:
-                        return (await client.get("/ready")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                await eventually(ready, within_s=30, poll=0.1)
+                await until_serving(proc, client)
                 body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
                 response = await client.post("/v1/chat/completions", json=body)
                 assert response.status_code == 200, response.text
