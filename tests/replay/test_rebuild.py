@@ -73,7 +73,41 @@ def test_with_recorded_usage_a_rebuilt_prompt_costs_the_simulator_the_recorded_t
     block_bytes = round(64 * scale * sim_bytes_per_token())
     for i, j in itertools.combinations(range(len(requests)), 2):  # the same sharing, in the router's blocks
         shared_bytes = _common(requests[i].blocks, requests[j].blocks) * block_bytes
-        assert shared_bytes // 256 <= _common(rebuilt[i], rebuilt[j]) <= (shared_bytes + 16) // 256
+        opening = block_bytes // 2  # where chains part, the children share half a block (module note)
+        assert (
+            (shared_bytes + opening) // 256
+            <= _common(rebuilt[i], rebuilt[j])
+            <= (shared_bytes + opening + 16) // 256
+        )
+
+
+def _share_exactly(a: str, b: str, chars: int) -> bool:
+    """``a`` and ``b`` open with the same ``chars`` characters and differ in the 8 after them (random
+    letters may agree by chance one or two at a time, not eight)."""
+    return a[:chars] == b[:chars] and a[chars : chars + 8] != b[chars : chars + 8]
+
+
+def test_prompts_that_part_at_a_block_share_half_of_it_and_no_more() -> None:
+    """Siblings (the same k blocks, then different ones or only their tails) share k blocks and half of the
+    next; prompts that part at different blocks share only their common blocks' text and that half."""
+    rng = random.Random(9)
+    document = tuple(rng.getrandbits(64) for _ in range(6))
+    block_bytes = 64 * 4
+    siblings = [
+        _traced(document + (rng.getrandbits(64),), 40),  # parts at block 6: another block, then a tail
+        _traced(document + (rng.getrandbits(64),), 40),
+        _traced(document, 100),  # the document only, then its own tail
+        _traced(document, 90),
+    ]
+    prompts = rebuild_prompts(siblings)
+    for a, b in itertools.combinations(prompts, 2):
+        assert _share_exactly(a, b, 6 * block_bytes + block_bytes // 2)
+    elsewhere = rebuild_prompts([siblings[0], _traced(document[:3] + (rng.getrandbits(64),), 40)])
+    assert _share_exactly(elsewhere[0], elsewhere[1], 3 * block_bytes + block_bytes // 2)
+    unrelated = rebuild_prompts([_traced((1, 2), 40), _traced((3, 4), 40)])
+    assert _share_exactly(
+        unrelated[0], unrelated[1], block_bytes // 2
+    )  # every chain opens the same way (a shared start)
 
 
 def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
