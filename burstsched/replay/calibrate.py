@@ -69,7 +69,7 @@ def calibrate(requests: Sequence[TracedRequest], base: CostModel | None = None) 
     if cadence is not None:
         step, slowdown, step_points = cadence
         # ttft = frontend x prompt + (step + prefill x uncached) x load, load from the requests in flight
-        load = 1.0 + slowdown * _in_flight_at_arrival(usable)
+        load = 1.0 + slowdown * in_flight_at_arrival(usable)
         prefill, frontend = _median_fit(np.column_stack([uncached * load, prompt]), ttft - step * load)
     else:
         step, prefill, frontend = _median_fit(np.column_stack([np.ones(len(ttft)), uncached, prompt]), ttft)
@@ -92,7 +92,7 @@ def _intervals(requests: Sequence[TracedRequest]) -> tuple[npt.NDArray[np.float6
     return arrivals, firsts, ends
 
 
-def _in_flight_at_arrival(requests: Sequence[TracedRequest]) -> npt.NDArray[np.float64]:
+def in_flight_at_arrival(requests: Sequence[TracedRequest]) -> npt.NDArray[np.float64]:
     """How many other requests each one's endpoint was serving when it arrived (recorded times)."""
     arrivals, _, ends = _intervals(requests)
     endpoints = np.array([r.endpoint or "" for r in requests])

@@ -18,8 +18,17 @@ import anyio
 
 from burstsched.config import ConfigError, RouterConfig, load_config
 from burstsched.replay.calibrate import calibrate
+from burstsched.replay.fidelity import HEADER as FIDELITY_HEADER
 from burstsched.replay.rebuild import rebuild_prompts
-from burstsched.replay.report import OBJECTIVES, best, recorded_row, row, text_table, write_report
+from burstsched.replay.report import (
+    OBJECTIVES,
+    best,
+    placement_fidelity,
+    recorded_row,
+    row,
+    text_table,
+    write_report,
+)
 from burstsched.replay.runner import ReplayOptions, ReplayResult, replay_one
 from burstsched.replay.sweep import SweepError, grid, parse_axis
 from burstsched.replay.trace import TracedRequest, read_trace, summarize_trace
@@ -206,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize_trace(requests)
     shown = [recorded_row(summary), *([] if placement is None else [row(placement)])]
     print(text_table([*shown, *(row(r) for r in results)]))
+    if placement is not None:
+        print("recorded placement against the recording, by kind of request:")
+        print(text_table(placement_fidelity(requests, placement), FIDELITY_HEADER))
     winner = best(results, args.objective)
     if len(results) > 1 and winner is not None:
         print(f"best under {args.objective}: {winner.label}")
@@ -221,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         skipped,
         elapsed,
         placement,
+        requests,
     )
     print(f"report: {paths['markdown']}")
     return 0

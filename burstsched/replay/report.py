@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from burstsched.replay.fidelity import HEADER as FIDELITY_HEADER
+from burstsched.replay.fidelity import fidelity_rows, fidelity_table
 from burstsched.replay.runner import ReplayOptions, ReplayResult
-from burstsched.replay.trace import TraceSummary
+from burstsched.replay.trace import TracedRequest, TraceSummary
 
 Objective = Literal["ttft_p50", "ttft_p95", "ttft_p99", "hit_rate", "prefill"]
 OBJECTIVES: dict[str, tuple[str, bool]] = {
@@ -71,16 +73,21 @@ def recorded_row(s: TraceSummary) -> tuple[str, ...]:
     )
 
 
-def text_table(rows: Sequence[tuple[str, ...]]) -> str:
-    table = [HEADER, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]
+def text_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table)
 
 
-def markdown_table(rows: Sequence[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def markdown_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def placement_fidelity(requests: Sequence[TracedRequest], placement: ReplayResult) -> list[tuple[str, ...]]:
+    """The recorded-placement replay against the recorded TTFTs, by kind of request (strings)."""
+    return fidelity_table(fidelity_rows(requests, placement.ttft_by_request_ms))
 
 
 def write_report(
@@ -93,6 +100,7 @@ def write_report(
     skipped: Sequence[str] = (),
     elapsed_s: float | None = None,
     placement: ReplayResult | None = None,
+    requests: Sequence[TracedRequest] = (),
 ) -> dict[str, Path]:
     """``replay.md``, ``replay.json`` and the plots under ``out``; returns their paths by kind."""
     out.mkdir(parents=True, exist_ok=True)
@@ -143,6 +151,15 @@ def write_report(
             "was recorded on, no router: how closely the simulator reproduces the recorded pool by itself.",
             "",
         ]
+        if requests:
+            lines += [
+                "Recorded placement against the recording, request by request (warm: at least half the "
+                "prompt cached on the recorded replica; busy: its endpoint was serving other requests when "
+                "it arrived):",
+                "",
+                markdown_table(placement_fidelity(requests, placement), FIDELITY_HEADER),
+                "",
+            ]
     if elapsed_s is not None:
         lines += [f"Wall time of the replays: {elapsed_s:.0f} s.", ""]
     if winner is not None:

@@ -73,13 +73,15 @@ class ReplayResult:
     requests_per_replica: dict[str, int]
     wall_s: float
     ttfts_ms: list[float] = field(default_factory=list)
+    ttft_by_request_ms: list[float | None] = field(default_factory=list)
+    """Each trace request's replayed TTFT, in the trace's order (None: it failed or gave no text)."""
     settings: dict[str, Any] = field(default_factory=dict)
 
     def metric(self, name: str) -> float:
         return float(getattr(self, name))
 
     def as_json(self, with_samples: bool = False) -> dict[str, Any]:
-        data = {k: getattr(self, k) for k in self.__slots__ if k != "ttfts_ms"}
+        data = {k: getattr(self, k) for k in self.__slots__ if k not in ("ttfts_ms", "ttft_by_request_ms")}
         if with_samples:
             data["ttfts_ms"] = self.ttfts_ms
         return data
@@ -156,7 +158,7 @@ async def replay_one(
     )
     scale = options.time_scale
     started = time.perf_counter()
-    ttfts: list[float] = []
+    ttfts: dict[int, float] = {}
     ok = 0
     async with SimPool(options.replicas, sim) as pool:
         endpoints = list(zip(pool.names, pool.urls, strict=True))
@@ -183,7 +185,7 @@ async def replay_one(
                             return
                         ok += succeeded
                         if succeeded and first is not None:
-                            ttfts.append(first / scale * 1000.0)
+                            ttfts[index] = first / scale * 1000.0
 
                     async with anyio.create_task_group() as tg:
                         for index in range(len(requests)):
@@ -196,12 +198,14 @@ def summarize(
     label: str,
     requests: Sequence[TracedRequest],
     ok: int,
-    ttfts_ms: list[float],
+    ttfts_ms: Mapping[int, float],
     before: Mapping[str, ReplicaCounters],
     after: Mapping[str, ReplicaCounters],
     wall_s: float,
 ) -> ReplayResult:
-    """One replay's figures from its client-side TTFTs and the replicas' counters before and after."""
+    """One replay's figures from its client-side TTFTs (by the request's index in the trace) and the replicas'
+    counters before and after."""
+    latencies = list(ttfts_ms.values())
     diff = {name: after[name] - before[name] for name in after}
     queries = sum(d.prefix_queries for d in diff.values())
     hits = sum(d.prefix_hits for d in diff.values())
@@ -211,11 +215,12 @@ def summarize(
         requests=len(requests),
         ok=ok,
         hit_rate=ratio(hits, queries),
-        ttft_p50_ms=percentile(ttfts_ms, 50),
-        ttft_p95_ms=percentile(ttfts_ms, 95),
-        ttft_p99_ms=percentile(ttfts_ms, 99),
+        ttft_p50_ms=percentile(latencies, 50),
+        ttft_p95_ms=percentile(latencies, 95),
+        ttft_p99_ms=percentile(latencies, 99),
         prefill_tokens_per_request=ratio(computed, ok),
         requests_per_replica={name: round(d.requests_finished) for name, d in diff.items()},
         wall_s=wall_s,
-        ttfts_ms=sorted(ttfts_ms),
+        ttfts_ms=sorted(latencies),
+        ttft_by_request_ms=[ttfts_ms.get(i) for i in range(len(requests))],
     )

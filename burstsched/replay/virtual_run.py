@@ -150,7 +150,7 @@ async def replay_virtual(
     ]
     apps: dict[str, ASGIApp] = {_url(r.name): r.app for r in replicas}
     endpoints = [(r.name, _url(r.name)) for r in replicas]
-    ttfts: list[float] = []
+    ttfts: dict[int, float] = {}
     ok = 0
     async with AsyncExitStack() as stack:
         for replica in replicas:
@@ -189,7 +189,7 @@ async def replay_virtual(
             succeeded, first = await _send(client, targets[index], body, f"replay-{index}", loop.time)
             ok += succeeded
             if succeeded and first is not None:
-                ttfts.append(first * 1000.0)
+                ttfts[index] = first * 1000.0
 
         async with asyncio.TaskGroup() as tg:
             for index in range(len(requests)):

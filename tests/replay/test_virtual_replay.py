@@ -121,6 +121,9 @@ def test_recorded_placement_sends_each_request_to_its_recorded_endpoint_s_replic
     result = run_config(placement.label, placement, requests, rebuild_prompts(requests), options)
     assert result.ok == 6
     assert result.requests_per_replica == {"sim-0": 4, "sim-1": 2}
+    assert len(result.ttft_by_request_ms) == 6  # in the trace's order, for the per-request comparison
+    assert all(ttft is not None and ttft > 0 for ttft in result.ttft_by_request_ms)
+    assert sorted(t for t in result.ttft_by_request_ms if t is not None) == result.ttfts_ms
 
     import argparse
 
