@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -67,9 +68,11 @@ DispatchHookFn = Callable[[SchedRequest, EndpointSnapshot], None]
 RESPONSE_TAIL_BYTES = 2048
 """How much of a stream's end a :class:`Served` keeps (``keep_response_tail``): its usage chunk."""
 
-_TAIL_SLACK = 2 * RESPONSE_TAIL_BYTES
-"""A recorded stream's kept end is cut back to :data:`RESPONSE_TAIL_BYTES` once it grows past this: once
-every 2 KiB or so of the stream, rather than work on every chunk."""
+_TAIL_READ_BYTES = 128
+"""A recorded stream keeps its reads of this many bytes or more (under :data:`RESPONSE_TAIL_BYTES`) by
+reference, the last :data:`_TAIL_READS` of them (:func:`_keep_read` takes the others)."""
+
+_TAIL_READS = RESPONSE_TAIL_BYTES // _TAIL_READ_BYTES + 1
 
 _ENDING_BYTES = 32
 """A stream is whole when its last this many bytes hold ``data: [DONE]``."""
@@ -84,7 +87,7 @@ class Served:
     first_byte_at: float | None
     """``time.monotonic()`` when the response's head (a stream: its first chunk) went to the client."""
     response_tail: bytes = b""
-    """A JSON response's body or a stream's last bytes (``keep_response_tail`` only; parsed off the loop)."""
+    """A JSON response's body or a stream's last 2 KiB (``keep_response_tail`` only; the recorder's usage)."""
 
 
 @dataclass(slots=True)
@@ -383,10 +386,12 @@ class Dispatcher:
         exchange.outcome = "stream_error"
         exchange.started = True
         exchange.first_byte_at = time.monotonic()
-        # One step per chunk and no Python-level call: the recorder's tail grows in place and is cut back
-        # now and then, or (not recording) the end check keeps a reference to the last read (copied only
-        # while reads are under 32 bytes). Either holds the stream's last 32 bytes for the end check.
-        kept = bytearray() if self._keep_tail else None
+        # One step per chunk and no Python-level call: recording, the last reads go by reference into a
+        # bounded deque (no copy; a read under 128 bytes or of 2 KiB and more goes to _keep_read); not
+        # recording, the end check keeps a reference to the last read (copied only while reads are under
+        # 32 bytes). Either holds the stream's last 32 bytes for the end check, the deque at least its
+        # last 2 KiB for the recorder (a bytearray grown and cut on every read cost 0.1 µs more per read).
+        kept: deque[bytes] | None = deque(maxlen=_TAIL_READS) if self._keep_tail else None
         await send({"type": "http.response.start", "status": upstream.status, "headers": response_headers})
         is_sse = any(
             k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in upstream.headers
@@ -403,17 +408,17 @@ class Dispatcher:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     if kept is None:
                         ending = chunk if len(chunk) >= _ENDING_BYTES else (ending + chunk)[-_ENDING_BYTES:]
+                    elif _TAIL_READ_BYTES <= len(chunk) < RESPONSE_TAIL_BYTES:
+                        kept.append(chunk)
                     else:
-                        kept += chunk
-                        if len(kept) > _TAIL_SLACK:
-                            del kept[:-RESPONSE_TAIL_BYTES]
+                        _keep_read(kept, chunk)
                 chunk = await anext(chunks, None)
         except httpx.HTTPError as exc:
             failure = f"upstream {name} failed mid-stream: {type(exc).__name__}"
         except Exception as exc:  # any failure after the first byte still ends the stream properly
             log.exception("stream from %s failed", name)
             failure = f"stream from {name} failed: {type(exc).__name__}"
-        last = ending if kept is None else kept
+        last = ending if kept is None else b"".join(kept)[-RESPONSE_TAIL_BYTES:]
         if failure is None and is_sse and DONE_EVENT.strip() not in last[-_ENDING_BYTES:]:
             failure = f"upstream {name} ended the stream early"
         if failure is not None:
@@ -432,9 +437,8 @@ class Dispatcher:
             return
         exchange.outcome = "ok"
         exchange.complete = True
-        if kept is not None:  # parsed for usage on the recorder's thread
-            del kept[:-RESPONSE_TAIL_BYTES]
-            exchange.response_tail = bytes(kept)
+        if kept is not None:  # parsed for usage by the recorder
+            exchange.response_tail = last
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _first_chunk(self, chunks: AsyncIterator[bytes], name: str) -> bytes:
@@ -448,6 +452,24 @@ class Dispatcher:
             raise _AttemptFailed("read_error", f"{type(exc).__name__} before the first chunk") from None
         self._pool.report_failure(name, unreachable=False)
         raise _AttemptFailed("read_error", "the stream ended before its first chunk")
+
+
+def _keep_read(kept: deque[bytes], chunk: bytes) -> None:
+    """Keep a recorded stream's read under :data:`_TAIL_READ_BYTES` or of :data:`RESPONSE_TAIL_BYTES` and
+    more, so that ``kept`` still ends with the stream's last 2 KiB (or all of a shorter stream).
+
+    A long read replaces the kept reads by its own last 2 KiB. A short one is joined to the last kept read
+    while that one is under 2 KiB (a copy of at most 2 KiB), else kept apart. A kept read under 128 bytes
+    then only follows one of 2 KiB or more, or starts the deque, so that the deque, once full, holds a read
+    of 2 KiB or at least 16 reads of 128 bytes.
+    """
+    if len(chunk) >= RESPONSE_TAIL_BYTES:
+        kept.clear()
+        kept.append(chunk[-RESPONSE_TAIL_BYTES:])
+    elif kept and len(kept[-1]) < RESPONSE_TAIL_BYTES:
+        kept[-1] += chunk
+    else:
+        kept.append(chunk)
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

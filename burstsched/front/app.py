@@ -159,7 +159,7 @@ class Router:
             deadline=deadline,
             prefill_cap=prefill_cap,
         )
-        if self.recorder is not None:  # recording: one tuple queued, the line is built off the loop
+        if self.recorder is not None:  # recording: the line is built here (response sent); a thread writes it
             self.recorder.record(arrived, parsed, request, admitted, served)
 
     async def _token_ids(self, api: ApiKind, payload: dict[str, Any]) -> tuple[int, ...] | None:

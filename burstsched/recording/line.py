@@ -1,4 +1,4 @@
-"""One recorded request as a JSON line (pure functions, run on the recorder's writer thread).
+"""One recorded request as a JSON line (pure functions, run on the event loop by the recorder).
 
 The line format (``v`` 1) is documented in this package's README. Block hashes are written as one hex
 string, 16 hex digits per block (unsigned 64-bit, big-endian): ``jq`` reads it without the precision loss
@@ -6,7 +6,8 @@ its numbers would suffer past 2^53.
 
 :func:`format_line` writes the line with one f-string from primitives: strings go through the ``json``
 module's C string encoder, numbers are formatted directly. That is several times cheaper than building a
-dict and calling ``json.dumps`` (the writer thread's CPU is the router's CPU too).
+dict and calling ``json.dumps``; it runs once per request on the event loop, so every call it makes counts
+(the costs measured are in the README).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ Counts = tuple[int | None, int | None, int | None]
 """``(input_tokens, output_tokens, cached_tokens)``; None: not reported."""
 
 _NO_COUNTS: Counts = (None, None, None)
+
+_CHAIN_FORMATS: dict[int, struct.Struct] = {}
+"""The compiled ``struct`` format of each chain length met (bounded by the longest prefix hashed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +68,9 @@ def usage_counts(response_tail: bytes) -> Counts:
     found_out = _OUTPUT.search(response_tail, start, stop)
     found_cached = _CACHED.search(response_tail, start, stop)
     return (
-        None if found_in is None else int(found_in.group(1)),
-        None if found_out is None else int(found_out.group(1)),
-        None if found_cached is None else int(found_cached.group(1)),
+        None if found_in is None else int(found_in[1]),
+        None if found_out is None else int(found_out[1]),
+        None if found_cached is None else int(found_cached[1]),
     )
 
 
@@ -77,7 +81,10 @@ def usage_of(response_tail: bytes) -> Usage:
 
 def hex_chain(block_hashes: tuple[int, ...]) -> str:
     """A block-hash chain as one hex string, 16 digits per block."""
-    return struct.pack(f">{len(block_hashes)}Q", *block_hashes).hex()
+    chain_format = _CHAIN_FORMATS.get(len(block_hashes))
+    if chain_format is None:  # a compiled format per length: 0.3 µs less per 16-block chain than struct.pack
+        chain_format = _CHAIN_FORMATS[len(block_hashes)] = struct.Struct(f">{len(block_hashes)}Q")
+    return chain_format.pack(*block_hashes).hex()
 
 
 def parse_chain(text: str) -> tuple[int, ...]:
@@ -125,8 +132,7 @@ Entry = tuple[
     bytes,  # the response's tail (usage)
     Any,  # the payload (include_text) or None
 ]
-"""One queued request: primitives only (and the payload, with ``include_text``), so that a queued request
-keeps none of the request's object graph alive until the writer runs."""
+"""One finished request's fields, as the recorder reads them (the payload only with ``include_text``)."""
 
 
 def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: bool) -> bytes:
@@ -159,7 +165,13 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
         payload,
     ) = entry
     input_tokens, output_tokens, cached_tokens = usage_counts(response_tail)
-    limit = max_tokens_of(max_completion_tokens, max_tokens)
+    limit = (  # max_tokens_of, inlined
+        max_completion_tokens
+        if type(max_completion_tokens) is int
+        else max_tokens
+        if type(max_tokens) is int
+        else None
+    )
     tail = "}\n"
     if with_text:
         text = prompt_text_of(payload) if isinstance(payload, dict) else None

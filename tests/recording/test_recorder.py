@@ -1,9 +1,10 @@
-"""The recorder on its own: lines and their fields, no text unless asked, rotation, bursts."""
+"""The recorder on its own: lines and their fields, no text unless asked, rotation, bursts, bad entries."""
 
 from __future__ import annotations
 
 import gc
 import json
+import logging
 import weakref
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,26 @@ def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[st
     assert json.loads(with_text) == {**expected, "text": "p \u2028"}
 
 
+def test_the_line_is_byte_for_byte_the_v1_line() -> None:
+    """The line format's bytes, pinned: a faster format_line must write exactly these."""
+    tail = (
+        b'data: {"usage":{"prompt_tokens":130,"total_tokens":138,"completion_tokens":8,'
+        b'"prompt_tokens_details":{"cached_tokens":64}}}\n\ndata: [DONE]\n\n'
+    )
+    payload = {"messages": [{"role": "user", "content": "h\u00e9"}]}
+    entry = _entry(stream=True, response_tail=tail, payload=payload)
+    line = (
+        b'{"v":1,"t":1700000010.000000,"id":"r0","api":"chat","model":"m","stream":true,"block_tokens":64,'
+        b'"bytes_per_token":4,"blocks":"0000000000000001ffffffffffffffff","prompt_tokens":130,'
+        b'"input_tokens":130,"cached_tokens":64,"max_tokens":8,"output_tokens":8,"window":3,"group":"3.0",'
+        b'"role":"member","group_size":2,"waited_ms":4.123,"endpoint":"e0","outcome":"ok","ttft_ms":250.000,'
+        b'"e2e_ms":500.000'
+    )
+    assert format_line(entry, 1_700_000_000.0, 4, with_text=False) == line + b"}\n"
+    text = ',"text":[{"role":"user","content":"h\u00e9"}]}\n'.encode()
+    assert format_line(entry, 1_700_000_000.0, 4, with_text=True) == line + text
+
+
 def test_usage_is_the_last_usage_object_and_a_null_usage_is_skipped() -> None:
     tail = (
         b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
@@ -210,9 +231,8 @@ class _Payload(dict[str, Any]):
 
 
 @pytest.mark.parametrize("include_text", [False, True])
-def test_a_queued_request_keeps_its_payload_alive_only_for_its_text(
-    tmp_path: Path, include_text: bool
-) -> None:
+def test_a_queued_request_keeps_nothing_of_the_request_alive(tmp_path: Path, include_text: bool) -> None:
+    """record() queues the finished line: not the payload, even for its text."""
     recorder = _recorder(tmp_path, include_text=include_text, flush_interval_ms=10_000).start()
     payload = _Payload(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=4)
     watched = weakref.ref(payload)
@@ -221,8 +241,24 @@ def test_a_queued_request_keeps_its_payload_alive_only_for_its_text(
     del payload
     gc.collect()
     assert recorder.pending == 1
-    assert (watched() is not None) is include_text
+    assert watched() is None
     recorder.close()
     [line] = _lines(tmp_path / "trace.jsonl")
     assert line["max_tokens"] == 4 and line["ttft_ms"] is None and line["input_tokens"] is None
     assert ("text" in line) is include_text
+
+
+def test_a_request_that_cannot_be_encoded_is_counted_and_logged_never_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = _recorder(tmp_path, flush_interval_ms=10_000).start()
+    _record(recorder, 0)
+    bad = SchedRequest(None, "m", ApiKind.CHAT, True, (1,), 64, 64)  # type: ignore[arg-type]  # no str id
+    with caplog.at_level(logging.ERROR, logger="burstsched.recording.recorder"):
+        recorder.record(99.5, _Parsed({}), bad, _admitted(), Served("e0", "ok", 99.75))
+    _record(recorder, 2)
+    assert recorder.failed == 1 and recorder.pending == 2
+    assert "could not encode a recorded request" in caplog.text
+    recorder.close()
+    assert [line["id"] for line in _lines(tmp_path / "trace.jsonl")] == ["r0", "r2"]
+    assert recorder.written == 2 and recorder.failed == 1

@@ -73,13 +73,34 @@ SPLITS: dict[str, Callable[[list[bytes]], list[bytes]]] = {
     "1000-byte reads across events": lambda events: _pieces(b"".join(events), 1000),
     "tiny reads at the end": _tiny_end,
     "random cuts": lambda events: _random_cuts(b"".join(events), random.Random(7)),
+    "cuts at the kept reads' bounds": lambda events: _random_cuts(
+        b"".join(events), random.Random(8), (1, 127, 128, 2047, 2048, 5000)
+    ),
+    "a long read, then 1-byte reads": lambda events: _long_then_bytes(b"".join(events), 700),
+    "long reads, each followed by 1-byte reads": lambda events: _long_then_bytes(b"".join(events), 12),
 }
 
 
-def _random_cuts(data: bytes, rng: random.Random) -> list[bytes]:
+def _long_then_bytes(data: bytes, short: int) -> list[bytes]:
+    """Reads of 2.5 KiB, each followed by ``short`` 1-byte reads; the stream's last 700 bytes in 1-byte
+    reads (the router keeps reads of 2 KiB and more, and reads under 128 bytes, apart from the others)."""
+    head, end = data[:-700], data[-700:]
+    reads: list[bytes] = []
+    at = 0
+    while at < len(head):
+        reads.append(head[at : at + 2500])
+        at += 2500
+        reads += _pieces(head[at : at + short], 1)
+        at += short
+    return reads + _pieces(end, 1)
+
+
+def _random_cuts(
+    data: bytes, rng: random.Random, sizes: tuple[int, ...] = (1, 3, 40, 300, 2500)
+) -> list[bytes]:
     reads, at = [], 0
     while at < len(data):
-        size = rng.choice((1, 3, 40, 300, 2500))
+        size = rng.choice(sizes)
         reads.append(data[at : at + size])
         at += size
     return reads
