@@ -8,13 +8,16 @@ the recorded ones did, and a trace may come from any hardware and model. Two fit
   it against the sequences its endpoint was serving meanwhile gives the step's fixed overhead and the cost
   per decoding sequence. (A trace without end-to-end latencies leaves the step to the TTFT fit's intercept
   and the decode cost at the simulator's default.)
-- **Prefill and front end**, from the TTFTs: ``ttft - step = prefill x uncached + frontend x prompt``, a
-  median (least absolute deviation) regression. Requests that waited in a queue sit above the line; a
-  median fit is not pulled up by them as a least-squares fit is (a third of the points delayed moves it
-  little), and the replay reproduces the queue by itself.
+- **Prefill and front end**, from the TTFTs: ``ttft = (step + prefill x uncached + frontend x prompt) x
+  load``, ``load = 1 + slowdown x`` the requests its endpoint was serving when it arrived, a median
+  (least absolute deviation) regression. Requests that waited in a queue sit above the line; a median fit
+  is not pulled up by them as a least-squares fit is (a third of the points delayed moves it little), and
+  the replay reproduces the queue by itself. The front end is slowed by the load as the engine is (the
+  simulator does the same): on a CPU replica the API server shares the cores with the engine.
 
-Measured on a 200-request document-QA trace from real vLLM on CPU: the replayed warm and cold requests'
-median TTFTs came within 4 ms (of 36) and 10 ms (of 180) of the recorded ones.
+Measured on four document-QA traces from real vLLM on CPU, replayed with recorded placement: with the
+front end slowed by load, the replayed TTFT p50 came within 15-25% of the recorded one on all four,
+against 22-33% with a front end that ignored the load (``loadtests/reports/replay-docqa-vllm-clean/``).
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ def calibrate(requests: Sequence[TracedRequest], base: CostModel | None = None) 
     cadence = _decode_cadence(usable, base)
     if cadence is not None:
         step, slowdown, step_points = cadence
-        # ttft = frontend x prompt + (step + prefill x uncached) x load, load from the requests in flight
+        # ttft = (frontend x prompt + step + prefill x uncached) x load, load from the requests in flight
         load = 1.0 + slowdown * in_flight_at_arrival(usable)
-        prefill, frontend = _median_fit(np.column_stack([uncached * load, prompt]), ttft - step * load)
+        prefill, frontend = _median_fit(np.column_stack([uncached * load, prompt * load]), ttft - step * load)
     else:
         step, prefill, frontend = _median_fit(np.column_stack([np.ones(len(ttft)), uncached, prompt]), ttft)
         slowdown, step_points = base.load_slowdown, 0

@@ -4,12 +4,16 @@ Step model (what vLLM's v1 engine does each iteration: one forward pass over a b
 
     step_s     = (step_overhead_s + prefill_s_per_token * prefill_tokens + decode_s_per_seq * decode_seqs)
                  * (1 + load_slowdown * (sequences - 1))
-    frontend_s = frontend_s_per_prompt_token * prompt_tokens
+    frontend_s = frontend_s_per_prompt_token * prompt_tokens * (1 + load_slowdown * busy)
 
-``sequences`` are all the sequences the step serves (prefilling or decoding). ``load_slowdown`` is 0 on a
+``sequences`` are all the sequences the step serves (prefilling or decoding); ``busy`` the requests the
+engine holds (running or waiting) when a request's front-end work starts. ``load_slowdown`` is 0 on a
 GPU, where a batch's sequences share one forward pass. A CPU replica slows with every sequence it serves at
 once (measured on vLLM 0.32, one core per replica: a lone decode step 2.4 ms, 5.4 ms with two or three
-sequences; a cold 2800-token prefill 157 ms alone, 370 ms beside two others): about 0.7 there.
+sequences; a cold 2800-token prefill 157 ms alone, 370 ms beside two others): about 0.7 there. Its API
+server's work slows too: it shares the CPU with the engine (a warm request on a busy vLLM replica on CPU
+took 2.5 times its lone TTFT, 207 against 82 ms, in a trace whose fitted front end was most of a warm
+request's TTFT).
 
 ``prefill_tokens`` are the new prompt tokens computed in the step (prefix-cache hits excluded);
 ``decode_seqs`` the running sequences that each produce one token in it. A long prefill therefore
@@ -74,6 +78,7 @@ class CostModel:
         )
         return work * (1.0 + self.load_slowdown * max(0, sequences - 1))
 
-    def frontend_s(self, prompt_tokens: int) -> float:
-        """The API server's work on one request before it reaches the engine."""
-        return self.frontend_s_per_prompt_token * prompt_tokens
+    def frontend_s(self, prompt_tokens: int, busy: int = 0) -> float:
+        """The API server's work on one request before it reaches the engine, ``busy`` requests being in the
+        engine meanwhile."""
+        return self.frontend_s_per_prompt_token * prompt_tokens * (1.0 + self.load_slowdown * busy)

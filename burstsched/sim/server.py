@@ -248,7 +248,9 @@ class _Handlers:
             self.s.drop_connection(client)  # before the response head: nothing below reaches the client
             return Response(status_code=499)
         # The modelled front-end cost includes the parsing and tokenizing just done for real.
-        frontend = self.s.config.cost.frontend_s(len(prepared.prompt_ids)) * self.s.config.time_scale
+        engine = self.s.engine
+        busy = engine.num_running + engine.num_waiting
+        frontend = self.s.config.cost.frontend_s(len(prepared.prompt_ids), busy) * self.s.config.time_scale
         if frontend > 0:
             await self.s.clock.sleep_until(arrival + frontend)
         req = self._engine_request(prepared, arrival)

@@ -112,8 +112,8 @@ def test_prompts_that_part_at_a_block_share_half_of_it_and_no_more() -> None:
 
 def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
     """Latencies made from known costs (a third of the TTFTs delayed by a queue; every other arrival two
-    requests decoding side by side, each step then slower): the fits find the step, the slowdown per extra
-    sequence, prefill and front end."""
+    requests side by side, the second arriving while the first is served, its front end, prefill and every
+    step then slower): the fits find the step, the slowdown per extra sequence, prefill and front end."""
     rng = random.Random(11)
     step, slowdown, prefill, frontend = 0.004, 0.5, 80e-6, 12e-6
     decode = CostModel().decode_s_per_seq
@@ -130,15 +130,26 @@ def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
         line = dataclasses.replace(
             base, input_tokens=prompt, cached_tokens=cached, ttft_ms=ttft * 1000, e2e_ms=e2e * 1000
         )
-        requests += [dataclasses.replace(line, output_tokens=16)] * together
+        requests.append(dataclasses.replace(line, output_tokens=16))
+        if together == 2:  # 1 ms later, beside the first: the whole TTFT is slowed by the load
+            busy_ttft = (step + prefill * (prompt - cached) + frontend * prompt) * (1 + slowdown)
+            e2e_busy = busy_ttft + e2e - ttft
+            requests.append(
+                dataclasses.replace(
+                    line, t=line.t + 0.001, output_tokens=16, ttft_ms=busy_ttft * 1000, e2e_ms=e2e_busy * 1000
+                )
+            )
     fitted = calibrate(requests)
     assert fitted is not None and fitted.points == 90 and fitted.step_points == 90
     assert fitted.cost.step_overhead_s == pytest.approx(step, abs=2e-4)
     assert fitted.cost.load_slowdown == pytest.approx(slowdown, abs=0.02)
     assert fitted.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
     assert fitted.cost.frontend_s_per_prompt_token == pytest.approx(frontend, rel=0.15)
-    # without end-to-end latencies the step comes from the TTFT fit's intercept, no slowdown is fitted
-    no_e2e = calibrate([dataclasses.replace(r, e2e_ms=None) for r in requests])
+    # without end-to-end latencies the step comes from the TTFT fit's intercept, no slowdown is fitted (so
+    # only the requests that came alone are given)
+    lone = [r for i, r in enumerate(requests) if i == 0 or requests[i - 1].t != r.t - 0.001]
+    no_e2e = calibrate([dataclasses.replace(r, e2e_ms=None) for r in lone])
+    assert len(lone) == 60
     assert no_e2e is not None and no_e2e.step_points == 0
     assert no_e2e.cost.load_slowdown == CostModel().load_slowdown
     assert no_e2e.cost.step_overhead_s == pytest.approx(step, abs=1e-3)

@@ -26,6 +26,15 @@ def test_a_load_slowdown_lengthens_a_step_by_each_sequence_beyond_the_first() ->
         CostModel(load_slowdown=-0.1)
 
 
+def test_the_front_end_slows_with_the_requests_the_engine_holds_as_a_step_does() -> None:
+    """A CPU replica's API server shares the cores with its engine: ``busy`` requests in the engine make
+    the front end's work 1 + slowdown x busy times longer; on a GPU (no slowdown) it stays the same."""
+    slow = CostModel(frontend_s_per_prompt_token=1e-5, load_slowdown=0.5)
+    assert slow.frontend_s(1000) == pytest.approx(0.01)
+    assert slow.frontend_s(1000, busy=3) == pytest.approx(0.01 * 2.5)
+    assert COST.frontend_s(1000, busy=3) == pytest.approx(COST.frontend_s(1000))
+
+
 @pytest.mark.anyio
 async def test_two_decoding_sequences_each_wait_longer_per_token_with_a_slowdown() -> None:
     """Two requests decode side by side: each step costs its overhead, with a 0.5 slowdown half again."""
