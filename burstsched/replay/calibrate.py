@@ -15,9 +15,10 @@ the recorded ones did, and a trace may come from any hardware and model. Two fit
   the replay reproduces the queue by itself. The front end is slowed by the load as the engine is (the
   simulator does the same): on a CPU replica the API server shares the cores with the engine.
 
-Measured on four document-QA traces from real vLLM on CPU, replayed with recorded placement: with the
-front end slowed by load, the replayed TTFT p50 came within 15-25% of the recorded one on all four,
-against 22-33% with a front end that ignored the load (``loadtests/reports/replay-docqa-vllm-clean/``).
+Measured on five document-QA traces from real vLLM on CPU, replayed with recorded placement: with the
+front end slowed by load, the replayed TTFT p50 came within 25% of the recorded one on all five (-23 to
++25%); with a front end that ignored the load, four were 22-33% off and the fifth overloaded a simulated
+replica (``loadtests/reports/replay-docqa-vllm-clean/``).
 """
 
 from __future__ import annotations
