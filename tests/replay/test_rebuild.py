@@ -53,20 +53,44 @@ def test_prompts_sharing_k_leading_blocks_share_k_blocks_after_rebuild() -> None
         assert _common(rebuilt[i], rebuilt[j]) == _common(chains[i], chains[j]), (i, j)
 
 
-def test_with_recorded_usage_a_rebuilt_prompt_costs_the_simulator_the_recorded_tokens() -> None:
-    """A chat trace from vLLM counts ~2 bytes a token: the rebuild follows the engine's count."""
-    rng = random.Random(5)
+def _usage_trace(rng: random.Random, engine_tokens_per_pseudo_token: float) -> list[TracedRequest]:
     shared = tuple(rng.getrandbits(64) for _ in range(8))
     requests = []
     for i in range(12):
         traced = _traced(shared[: rng.randint(2, 8)] + (rng.getrandbits(64),), rng.randint(1, 63))
-        requests.append(dataclasses.replace(traced, input_tokens=int(traced.prompt_tokens * 1.9) + i))
+        tokens = int(traced.prompt_tokens * engine_tokens_per_pseudo_token) + i
+        requests.append(dataclasses.replace(traced, input_tokens=tokens))
+    return requests
+
+
+def _assert_recorded_token_counts(requests: list[TracedRequest], prompts: list[str]) -> None:
     tokenizer = BuiltinTokenizer()
-    prompts = rebuild_prompts(requests)
     for request, prompt in zip(requests, prompts, strict=True):
         counted = len(tokenizer.encode(prompt, add_special_tokens=False))
         assert request.input_tokens is not None
         assert abs(counted - request.input_tokens) <= 0.05 * request.input_tokens
+
+
+def test_with_recorded_usage_a_rebuilt_prompt_has_the_recorded_blocks_and_tokens() -> None:
+    """A chat trace from vLLM counts ~2 bytes a token (1.9 engine tokens a 4-byte pseudo-token): the rebuilt
+    text is written at that many bytes a token, so the simulator counts the recorded tokens and the router
+    cuts the recorded blocks, each as many engine tokens as the recorded one."""
+    requests = _usage_trace(random.Random(5), 1.9)
+    prompts = rebuild_prompts(requests)
+    _assert_recorded_token_counts(requests, prompts)
+    rebuilt = [block_hashes(p.encode(), model="kv-demo") for p in prompts]
+    for i, j in itertools.combinations(range(len(requests)), 2):
+        assert _common(rebuilt[i], rebuilt[j]) == _common(requests[i].blocks, requests[j].blocks), (i, j)
+    for request, chain in zip(requests, rebuilt, strict=True):
+        assert len(request.blocks) <= len(chain) <= len(request.blocks) + 1  # the tail may fill one more
+
+
+def test_a_trace_too_dense_for_the_synthetic_words_is_rebuilt_with_stretched_blocks() -> None:
+    """2.5 engine tokens a 4-byte pseudo-token (1.6 bytes a token) is denser than any word text: each block
+    becomes text the simulator counts as many tokens as the recorded block, longer than the router's block."""
+    requests = _usage_trace(random.Random(6), 2.5)
+    prompts = rebuild_prompts(requests)
+    _assert_recorded_token_counts(requests, prompts)
     rebuilt = [block_hashes(p.encode(), model="kv-demo") for p in prompts]
     scale = engine_scale(requests)
     assert scale is not None
