@@ -260,7 +260,7 @@ class Dispatcher:
             )
             queued = uncached_tokens(request, match)
             exchange.queued_prefill = queued if prefill_cap is None else min(queued, prefill_cap)
-            self._pool.acquire(endpoint.name, exchange.queued_prefill)
+            self._pool.acquire(endpoint.name, exchange.queued_prefill, request.prompt_tokens)
             if not parsed.stream:  # its head comes with its whole answer: later requests must follow it now
                 self._on_dispatch(request, endpoint)
             if exchange.trace is not None:

@@ -48,6 +48,11 @@ class _EndpointState:
     queued_prefill: int = 0
     prefill_rate: float | None = None
     prefill_counters: tuple[float, float] | None = None
+    sent_prompt_tokens: int = 0
+    """The router's prompt tokens (pseudo-tokens with approximate hashing) of every request sent here."""
+    token_baseline: tuple[float, int] | None = None
+    """The replica's prompt-token counter and :attr:`sent_prompt_tokens` when the count began."""
+    engine_tokens_per_prompt_token: float | None = None
     failures: int = 0
     failed_checks: int = 0
     model_cards: tuple[dict[str, Any], ...] | None = None
@@ -161,6 +166,7 @@ class EndpointPool:
             num_gpu_blocks=metrics.num_gpu_blocks,
             queued_prefill_tokens=state.queued_prefill,
             prefill_tokens_per_s=state.prefill_rate,
+            engine_tokens_per_prompt_token=state.engine_tokens_per_prompt_token,
         )
 
     def snapshot(self, name: str) -> EndpointSnapshot:
@@ -221,12 +227,13 @@ class EndpointPool:
 
     # --- in-flight accounting and passive health ----------------------------------------------------------
 
-    def acquire(self, name: str, prefill_tokens: int = 0) -> None:
+    def acquire(self, name: str, prefill_tokens: int = 0, prompt_tokens: int = 0) -> None:
         """Count a request the router is sending to ``name``, with the prompt tokens it expects ``name`` to
-        compute before its first token."""
+        compute before its first token and its whole prompt's size in the router's tokens."""
         state = self._state(name)
         state.in_flight += 1
         state.queued_prefill += prefill_tokens
+        state.sent_prompt_tokens += prompt_tokens
 
     def prefill_done(self, name: str, prefill_tokens: int) -> None:
         """A request sent with :meth:`acquire` produced its first token: its prefill is no longer queued."""
@@ -438,6 +445,7 @@ class EndpointPool:
         state.metrics = metrics
         state.last_scrape = self._clock()
         _learn_prefill_rate(state, metrics)
+        _learn_token_ratio(state, metrics)
 
     async def check_health(self, name: str) -> None:
         """``GET /health`` (and ``/v1/models`` when healthy) for ``name``."""
@@ -511,3 +519,30 @@ def _learn_prefill_rate(state: _EndpointState, metrics: ReplicaMetrics) -> None:
     sample = tokens / seconds
     rate = state.prefill_rate
     state.prefill_rate = sample if rate is None else rate + _RATE_WEIGHT * (sample - rate)
+
+
+_MIN_RATIO_PROMPT_TOKENS = 32_768
+"""The router's prompt tokens sent to a replica (about a dozen document-QA prompts) before its ratio of
+engine tokens to them is trusted."""
+
+
+def _learn_token_ratio(state: _EndpointState, metrics: ReplicaMetrics) -> None:
+    """Update ``state.engine_tokens_per_prompt_token`` from the replica's prompt-token counter.
+
+    The replica counts each request's prompt tokens at its first token; the router counted the same
+    requests' prompt tokens in its own units when it sent them. Their ratio since the count began is how
+    many engine tokens a router token comes to there. The requests in flight are counted by the router and
+    not yet by the replica, so the ratio reads a little low: by their share of the count, which a minimum
+    of :data:`_MIN_RATIO_PROMPT_TOKENS` keeps small. A counter going back (a restarted replica) starts over.
+    """
+    counted = metrics.prompt_tokens
+    if counted is None:
+        return
+    baseline = state.token_baseline
+    if baseline is None or counted < baseline[0]:
+        state.token_baseline = (counted, state.sent_prompt_tokens)
+        return
+    engine = counted - baseline[0]
+    sent = state.sent_prompt_tokens - baseline[1]
+    if sent >= _MIN_RATIO_PROMPT_TOKENS and engine > 0:
+        state.engine_tokens_per_prompt_token = engine / sent

@@ -18,7 +18,16 @@ KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 PREFILL_TOKENS_SUM = "vllm:request_prefill_kv_computed_tokens_sum"
 PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
-_LOAD_FAMILIES = (WAITING, RUNNING, KV_USAGE, KV_USAGE_OLD, PREFILL_TOKENS_SUM, PREFILL_TIME_SUM)
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+_LOAD_FAMILIES = (
+    WAITING,
+    RUNNING,
+    KV_USAGE,
+    KV_USAGE_OLD,
+    PREFILL_TOKENS_SUM,
+    PREFILL_TIME_SUM,
+    PROMPT_TOKENS,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,8 @@ class ReplicaMetrics:
     """Σ tokens the replica computed in prefill (cached ones excluded), since it started."""
     prefill_seconds: float | None = None
     """Σ seconds its requests spent in prefill (scheduled to first token), since it started."""
+    prompt_tokens: float | None = None
+    """Σ prompt tokens of its requests (cached ones included, counted at the first token) since it started."""
 
 
 class MetricsFormatError(ValueError):
@@ -72,6 +83,7 @@ class MetricsParser:
         waiting = running = 0.0
         prefill_tokens: float | None = None
         prefill_seconds: float | None = None
+        prompt_tokens: float | None = None
         kv_usage: float | None = None
         kv_usage_old: float | None = None
         block_size, num_gpu_blocks = (None, None) if parse_cache else self._geometry
@@ -100,6 +112,8 @@ class MetricsParser:
                     prefill_tokens = (prefill_tokens or 0.0) + sample.value
                 elif sample.name == PREFILL_TIME_SUM:
                     prefill_seconds = (prefill_seconds or 0.0) + sample.value
+                elif sample.name == PROMPT_TOKENS:
+                    prompt_tokens = (prompt_tokens or 0.0) + sample.value
                 elif sample.name == CACHE_CONFIG:
                     block_size = _int_label(sample.labels, "block_size", block_size)
                     num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks", num_gpu_blocks)
@@ -118,6 +132,7 @@ class MetricsParser:
             model_names=frozenset(models),
             prefill_tokens=prefill_tokens,
             prefill_seconds=prefill_seconds,
+            prompt_tokens=prompt_tokens,
         )
 
 
