@@ -60,6 +60,7 @@ _NOT_SUPPORTED = {
 _HARMLESS_GATES = ("prepareDataPlugins", "dataLayer")
 _HEALTH_FILTER = "health-filter"
 _AUTO_PRODUCER = "approx-prefix-producer"
+LLMD_SCRAPE_INTERVAL_MS = 50.0  # llm-d's metrics refresh period
 
 
 def is_kubernetes_document(data: object) -> bool:
@@ -349,7 +350,7 @@ def _assemble(
     specs[_HEALTH_FILTER] = PluginSpec(
         type=_HEALTH_FILTER, parameters={"drop_stale": True} if in_profile else {}
     )
-    _staleness(detectors, data, issues)
+    _pool_timing(detectors, data, issues, notes)
     for plugin in detectors:
         if plugin not in in_profile:
             notes.append(
@@ -424,7 +425,16 @@ def _check_producer_refs(plugins: dict[str, _Plugin], issues: list[ConfigIssue])
             )
 
 
-def _staleness(detectors: list[_Plugin], data: dict[str, Any], issues: list[ConfigIssue]) -> None:
+def _pool_timing(
+    detectors: list[_Plugin], data: dict[str, Any], issues: list[ConfigIssue], notes: list[str]
+) -> None:
+    """llm-d's metrics refresh period and the detectors' staleness threshold."""
+    pool = data.setdefault("pool", {})
+    pool["scrape_interval_ms"] = LLMD_SCRAPE_INTERVAL_MS
+    notes.append(
+        f"pool.scrape_interval_ms: {LLMD_SCRAPE_INTERVAL_MS:g} as llm-d refreshes metrics "
+        "(burstsched's own default is 1000: each vLLM /metrics page costs its API server about 10 ms)"
+    )
     values = {p.translated.staleness_ms for p in detectors if p.translated.staleness_ms is not None}
     if len(values) > 1:
         issues.append(
@@ -435,7 +445,7 @@ def _staleness(detectors: list[_Plugin], data: dict[str, Any], issues: list[Conf
             )
         )
     elif values:
-        data["pool"] = {"staleness_threshold_ms": values.pop()}
+        pool["staleness_threshold_ms"] = values.pop()
 
 
 def _pool_selector(doc: Mapping[str, Any], issues: list[ConfigIssue]) -> dict[str, Any] | None:

@@ -300,6 +300,9 @@ def test_no_picker_gets_llmds_default_max_score_picker() -> None:
     assert loaded.config.profile.picker == "max-score-picker"
     assert any("max-score-picker" in note for note in loaded.notes)
     _build(loaded.config)
+    # llm-d refreshes metrics every 50 ms; a translated config keeps that (burstsched's default is 1 s)
+    assert loaded.config.pool.scrape_interval_ms == 50.0 != RouterConfig().pool.scrape_interval_ms
+    assert any("scrape_interval_ms: 50" in note for note in loaded.notes)
 
 
 def test_utilization_detector_in_the_profile_filters_stale_and_saturated_endpoints() -> None:
