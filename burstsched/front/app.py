@@ -442,7 +442,8 @@ def create_app(
             )
             recorder = None
             if config.recording.enabled:
-                recorder = Recorder(config.recording, config.prefix_hashing).start()
+                recorder = Recorder(config.recording, config.prefix_hashing, geometry=pool.kv_geometry)
+                recorder.start()
                 resources.push_async_callback(anyio.to_thread.run_sync, recorder.close)
             tracing = Tracing(tracing_settings) if tracing_settings is not None else None
             admission = Admission(config.admission, scheduler, pool.snapshots)

@@ -172,6 +172,13 @@ class EndpointPool:
     def snapshot(self, name: str) -> EndpointSnapshot:
         return self._snapshot(self._state(name), self._clock())
 
+    def kv_geometry(self, name: str) -> tuple[int | None, int | None]:
+        """``name``'s KV block size and block count as its last scrape gave them; (None, None): unknown."""
+        state = self._states.get(name) or self._retired.get(name)
+        if state is None:
+            return (None, None)
+        return (state.metrics.block_size, state.metrics.num_gpu_blocks)
+
     def snapshots(self, model: str | None = None) -> list[EndpointSnapshot]:
         """Every endpoint (or those serving ``model``), healthy or not."""
         now = self._clock()

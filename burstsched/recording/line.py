@@ -194,3 +194,15 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
         f'"outcome":{encode_basestring(outcome)},"ttft_ms":{ttft},'
         f'"e2e_ms":{(ended - arrived) * 1000.0:.3f}{tail}'
     ).encode()
+
+
+REPLICA_KIND = "replica"
+"""``kind`` of a line that gives a replica's KV-cache geometry (request lines carry no ``kind``)."""
+
+
+def format_replica_line(t: float, name: str, block_size: int, num_gpu_blocks: int) -> bytes:
+    """A replica's KV-cache geometry as it reported it (``t``: Unix seconds), for the replay's defaults."""
+    return (
+        f'{{"v":{LINE_VERSION},"kind":"{REPLICA_KIND}","t":{t:.6f},"replica":{encode_basestring(name)},'
+        f'"block_size":{block_size},"num_gpu_blocks":{num_gpu_blocks}}}\n'
+    ).encode()

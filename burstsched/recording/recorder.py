@@ -30,12 +30,14 @@ from burstsched.admission import Admitted
 from burstsched.config import PrefixHashingConfig, RecordingConfig
 from burstsched.dispatch import Served
 from burstsched.framework import ApiKind, SchedRequest
-from burstsched.recording.line import Entry, format_line
+from burstsched.recording.line import Entry, format_line, format_replica_line
 from burstsched.recording.writer import RotatingFile
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+Geometry = Callable[[str], tuple[int | None, int | None]]
+"""``geometry(endpoint) -> (block_size, num_gpu_blocks)`` as last reported (None: unknown)."""
 
 
 class RecordedRequest(Protocol):
@@ -55,7 +57,10 @@ class Recorder:
     """Records dispatched requests as JSON lines; :meth:`start` and :meth:`close` bracket its thread.
 
     ``clock`` is the monotonic clock the request's times come from (``arrived`` and the dispatcher's
-    ``first_byte_at``); ``wall_clock`` turns them into Unix times for the file.
+    ``first_byte_at``); ``wall_clock`` turns them into Unix times for the file. With ``geometry``, a
+    replica's KV-cache geometry gets a line of its own (``kind: replica``) before the first request line
+    that names it, again when it changes, and again in each new file after a rotation: the replay sizes its
+    simulated caches from it.
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class Recorder:
         *,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
+        geometry: Geometry | None = None,
     ) -> None:
         self._settings = settings
         self._include_text = settings.include_text
@@ -78,6 +84,9 @@ class Recorder:
         self.written = 0
         self._malformed = 0  # counted by the event loop
         self._unwritten = 0  # counted by the writer thread
+        self._geometry = geometry
+        self._geometry_seen: dict[str, tuple[int | None, int | None]] = {}
+        self._geometry_lines: dict[str, bytes] = {}  # the loop writes it, the writer thread copies it
 
     # -- the request path ------------------------------------------------------------------------
     def record(
@@ -122,12 +131,31 @@ class Recorder:
             self._malformed += 1
             log.exception("could not encode a recorded request")
             return
+        endpoint = served.endpoint
+        if self._geometry is not None and endpoint is not None:
+            self._note_geometry(endpoint, self._geometry(endpoint))
         self._pending.append(line)
+
+    def _note_geometry(self, endpoint: str, geometry: tuple[int | None, int | None]) -> None:
+        """Queue ``endpoint``'s geometry line when it is new or changed (a dict lookup when it is not)."""
+        if self._geometry_seen.get(endpoint) == geometry:
+            return
+        self._geometry_seen[endpoint] = geometry
+        block_size, blocks = geometry
+        if block_size is not None and blocks is not None:
+            wall = self._clock() + self._wall_offset
+            line = format_replica_line(wall, endpoint, block_size, blocks)
+            self._geometry_lines[endpoint] = line
+            self._pending.append(line)
+
+    def _header(self) -> bytes:
+        """Every replica's latest geometry line, at the top of each rotated-in file (the writer thread)."""
+        return b"".join(list(self._geometry_lines.values()))  # list(): one C call under the GIL
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> Recorder:
         s = self._settings
-        self._file = RotatingFile(s.path, s.max_bytes, s.backups)
+        self._file = RotatingFile(s.path, s.max_bytes, s.backups, header=self._header)
         self._thread = threading.Thread(target=self._run, name="burstsched-recorder", daemon=True)
         self._thread.start()
         return self

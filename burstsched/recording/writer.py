@@ -4,16 +4,25 @@ recorder calls it from its writer thread only)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 
 class RotatingFile:
     """Appends whole lines; once the file is at least ``max_bytes`` long it is rotated (or truncated when
-    ``backups`` is 0) before the next write, so a line is never split across files."""
+    ``backups`` is 0) before the next write, so a line is never split across files. ``header()``, when
+    given, is written first in each new file after a rotation (lines a reader of that file alone needs)."""
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int, backups: int) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        max_bytes: int,
+        backups: int,
+        header: Callable[[], bytes] | None = None,
+    ) -> None:
         self.path = Path(path)
+        self._header = header
         self._max_bytes = max_bytes
         self._backups = backups
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -41,6 +50,10 @@ class RotatingFile:
             self._file = open(self.path, "wb")  # noqa: SIM115
         self._size = 0
         self.rotations += 1
+        if self._header is not None:
+            header = self._header()
+            self._file.write(header)
+            self._size += len(header)
 
     def close(self) -> None:
         self._file.close()

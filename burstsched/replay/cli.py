@@ -29,9 +29,16 @@ from burstsched.replay.report import (
     text_table,
     write_report,
 )
-from burstsched.replay.runner import ReplayOptions, ReplayResult, replay_one
+from burstsched.replay.runner import DEFAULT_BLOCK_SIZE, ReplayOptions, ReplayResult, replay_one
 from burstsched.replay.sweep import SweepError, grid, parse_axis
-from burstsched.replay.trace import TracedRequest, read_trace, summarize_trace
+from burstsched.replay.trace import (
+    ReplicaGeometry,
+    TracedRequest,
+    read_replicas,
+    read_trace,
+    simulated_cache,
+    summarize_trace,
+)
 from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all
 
 
@@ -43,13 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a grid axis")
     parser.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
     parser.add_argument(
-        "--kv-blocks", type=int, default=None, help="KV blocks per replica (of --block-size tokens each)"
+        "--kv-blocks",
+        type=int,
+        default=None,
+        help="KV blocks per replica (of --block-size tokens each; default: as the trace recorded them, "
+        "else the simulator's)",
     )
     parser.add_argument(
         "--block-size",
         type=int,
-        default=16,
-        help="tokens per KV block, as on the recorded replicas (default 16)",
+        default=None,
+        help=f"tokens per KV block (default: as the trace recorded them, else {DEFAULT_BLOCK_SIZE})",
     )
     parser.add_argument(
         "--max-batched-tokens",
@@ -160,6 +171,29 @@ def _replay(
     return placement, results, skipped, elapsed
 
 
+def simulated_kv_cache(args: argparse.Namespace, found: dict[str, ReplicaGeometry]) -> tuple[int | None, int]:
+    """(KV blocks, block size) of the simulated replicas: the flags, else as the trace recorded them (the
+    recorded tokens when only ``--block-size`` is given), else the defaults."""
+    recorded = simulated_cache(found)
+    if recorded is not None and (args.kv_blocks is None or args.block_size is None):
+        listed = ", ".join(f"{n} {g.num_gpu_blocks}×{g.block_size}" for n, g in sorted(found.items()))
+        differ = len(set(found.values())) > 1
+        print(
+            f"KV caches recorded: {listed}"
+            + (
+                f"; each simulated replica gets the smallest, {recorded.num_gpu_blocks}×{recorded.block_size}"
+                if differ
+                else ""
+            )
+        )
+    block_size = int(args.block_size) if args.block_size is not None else None
+    if recorded is None:
+        return args.kv_blocks, block_size or DEFAULT_BLOCK_SIZE
+    block_size = block_size or recorded.block_size
+    kv_blocks: int = args.kv_blocks or recorded.num_gpu_blocks * recorded.block_size // block_size
+    return kv_blocks, block_size
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         configs = _configs(args)
@@ -176,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.max_requests is not None:
         requests = requests[: args.max_requests]
+    kv_blocks, block_size = simulated_kv_cache(args, read_replicas(args.trace))
     if not requests:
         print("burstsched replay: the trace holds no request", file=sys.stderr)
         return 2
@@ -201,12 +236,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
     options = ReplayOptions(
         replicas=args.replicas,
-        kv_blocks=args.kv_blocks,
+        kv_blocks=kv_blocks,
         speed=args.speed,
         time_scale=args.time_scale if args.realtime else 1.0,
         virtual_time=not args.realtime,
         text_seed=args.text_seed,
-        block_size=args.block_size,
+        block_size=block_size,
         max_num_batched_tokens=args.max_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         cost=None if calibration is None else calibration.cost,

@@ -32,6 +32,9 @@ from burstsched.workloads.replica_state import settled_snapshot, snapshot
 from burstsched.workloads.router_process import router_process
 from burstsched.workloads.stats import percentile, ratio
 
+DEFAULT_BLOCK_SIZE = 16
+"""vLLM's default KV block size (on GPUs)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayOptions:
@@ -42,7 +45,7 @@ class ReplayOptions:
     """Arrival-rate multiplier: 2 replays the trace's arrivals twice as fast."""
     time_scale: float = 0.25
     """Simulator time per real second's worth of work (0.25: four times faster than real time)."""
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     """Tokens per KV block of the simulated replicas (the recorded replicas' block size)."""
     max_num_batched_tokens: int | None = None
     """Tokens one engine step computes at most, as on the recorded replicas (None: the simulator's default;

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from burstsched.recording import LINE_VERSION, parse_chain
+from burstsched.recording import LINE_VERSION, REPLICA_KIND, parse_chain
 from burstsched.workloads.stats import percentile, ratio
 
 
@@ -39,9 +39,15 @@ class TracedRequest:
         return max(1, self.output_tokens or self.max_tokens or 16)
 
 
-def read_trace(paths: Sequence[str | Path]) -> list[TracedRequest]:
-    """Every line of the files (a rotated set may be given oldest first), sorted by arrival."""
-    raw: list[dict[str, object]] = []
+@dataclass(frozen=True, slots=True)
+class ReplicaGeometry:
+    """A recorded replica's KV cache: ``num_gpu_blocks`` blocks of ``block_size`` tokens."""
+
+    block_size: int
+    num_gpu_blocks: int
+
+
+def _lines(paths: Sequence[str | Path]) -> Iterator[dict[str, object]]:
     for path in paths:
         with open(path, encoding="utf-8") as handle:
             for number, text in enumerate(handle, 1):
@@ -52,7 +58,32 @@ def read_trace(paths: Sequence[str | Path]) -> list[TracedRequest]:
                     raise ValueError(
                         f"{path}:{number}: trace line version {line.get('v')!r}, not {LINE_VERSION}"
                     )
-                raw.append(line)
+                yield line
+
+
+def read_replicas(paths: Sequence[str | Path]) -> dict[str, ReplicaGeometry]:
+    """Each recorded replica's KV-cache geometry, the last one its ``kind: replica`` lines gave."""
+    found: dict[str, ReplicaGeometry] = {}
+    for line in _lines(paths):
+        if line.get("kind") != REPLICA_KIND:
+            continue
+        name, size, blocks = line.get("replica"), line.get("block_size"), line.get("num_gpu_blocks")
+        if isinstance(name, str) and isinstance(size, int) and isinstance(blocks, int):
+            found[name] = ReplicaGeometry(size, blocks)
+    return found
+
+
+def simulated_cache(found: dict[str, ReplicaGeometry]) -> ReplicaGeometry | None:
+    """One geometry for every simulated replica: the recorded one, or the smallest cache in tokens when the
+    recorded replicas differ; None when the trace gives none."""
+    if not found:
+        return None
+    return min(found.values(), key=lambda g: (g.block_size * g.num_gpu_blocks, g.block_size))
+
+
+def read_trace(paths: Sequence[str | Path]) -> list[TracedRequest]:
+    """Every request line of the files (a rotated set may be given oldest first), sorted by arrival."""
+    raw = [line for line in _lines(paths) if "kind" not in line]
     raw.sort(key=lambda line: float(line["t"]))  # type: ignore[arg-type]
     start = float(raw[0]["t"]) if raw else 0.0  # type: ignore[arg-type]
     return [_request(line, start) for line in raw]

@@ -262,3 +262,51 @@ def test_a_request_that_cannot_be_encoded_is_counted_and_logged_never_raised(
     recorder.close()
     assert [line["id"] for line in _lines(tmp_path / "trace.jsonl")] == ["r0", "r2"]
     assert recorder.written == 2 and recorder.failed == 1
+
+
+class _Geometry:
+    """What the pool would answer: each endpoint's (block_size, num_gpu_blocks), changeable."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, tuple[int | None, int | None]] = {"e0": (128, 164)}
+
+    def __call__(self, endpoint: str) -> tuple[int | None, int | None]:
+        return self.known.get(endpoint, (None, None))
+
+
+def test_a_replica_geometry_line_comes_before_its_first_request_and_again_when_it_changes(
+    tmp_path: Path,
+) -> None:
+    geometry = _Geometry()
+    config = RecordingConfig(enabled=True, path=str(tmp_path / "trace.jsonl"))
+    recorder = Recorder(config, PrefixHashingConfig(), clock=_Clock(), geometry=geometry).start()
+    for index in range(3):
+        _record(recorder, index)
+    geometry.known["e0"] = (128, 80)  # the replica restarted with a smaller cache
+    _record(recorder, 3)
+    geometry.known["e0"] = (None, None)  # not scraped yet: nothing to say
+    _record(recorder, 4)
+    recorder.close()
+    kinds = [(line.get("kind"), line.get("num_gpu_blocks")) for line in _lines(tmp_path / "trace.jsonl")]
+    request = (None, None)
+    assert kinds == [("replica", 164), request, request, request, ("replica", 80), request, request]
+    first = _lines(tmp_path / "trace.jsonl")[0]
+    assert first == {"v": LINE_VERSION, "kind": "replica", "t": first["t"], "replica": "e0",
+                     "block_size": 128, "num_gpu_blocks": 164}  # fmt: skip
+
+
+def test_each_rotated_file_repeats_the_replica_geometry(tmp_path: Path) -> None:
+    config = RecordingConfig(enabled=True, path=str(tmp_path / "t.jsonl"), max_bytes=4096, backups=3)
+    recorder = Recorder(config, PrefixHashingConfig(), clock=_Clock(), geometry=_Geometry()).start()
+    for index in range(60):
+        _record(recorder, index)
+        recorder.flush()  # one write per line, so the file rotates between requests
+    recorder.close()
+    files = sorted(tmp_path.iterdir())
+    assert len(files) >= 3
+    for path in files:
+        lines = _lines(path)
+        served = [i for i, line in enumerate(lines) if line.get("endpoint") == "e0"]
+        replica = [i for i, line in enumerate(lines) if line.get("kind") == "replica"]
+        if served:
+            assert replica and replica[0] < served[0], path.name

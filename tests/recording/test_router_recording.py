@@ -52,7 +52,16 @@ async def test_every_request_gets_one_line_with_its_endpoint_and_ttft(tmp_path: 
                         tg.start_soon(one, i)
                 # a rejected request (bad body) is not dispatched and gets no line
                 assert (await client.post("/v1/chat/completions", content=b"{")).status_code == 400
-    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    every = [json.loads(line) for line in trace.read_text().splitlines()]
+    replicas = [line for line in every if line.get("kind") == "replica"]
+    lines = [line for line in every if "kind" not in line]
+    # each replica that served a request has its KV geometry, as it reported it, once, before its requests
+    assert sorted(r["replica"] for r in replicas) == sorted(set(endpoints.values()))
+    sim = SimConfig()
+    for r in replicas:
+        assert (r["block_size"], r["num_gpu_blocks"]) == (sim.block_size, sim.num_gpu_blocks)
+        first_served = min(i for i, line in enumerate(every) if line.get("endpoint") == r["replica"])
+        assert every.index(r) < first_served
     assert sorted(line["id"] for line in lines) == sorted(endpoints)
     for line in lines:
         i = int(line["id"].split("-")[1])

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from burstsched.config import RouterConfig
-from burstsched.replay.cli import add_arguments, run
+from burstsched.replay.cli import add_arguments, run, simulated_kv_cache
 from burstsched.replay.rebuild import rebuild_prompts
 from burstsched.replay.runner import ReplayOptions
-from burstsched.replay.trace import read_trace
+from burstsched.replay.trace import ReplicaGeometry, read_replicas, read_trace
 from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all, run_config
 
 from .test_replay_run import _write_trace
@@ -131,3 +131,35 @@ def test_recorded_placement_sends_each_request_to_its_recorded_endpoint_s_replic
     add_arguments(parser)
     too_few = parser.parse_args([str(trace), "--recorded-placement", "--replicas", "1"])
     assert run(too_few) == 2
+
+
+def test_the_replicas_kv_caches_come_from_the_trace_unless_the_flags_say_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    trace = tmp_path / "trace.jsonl"
+    _write_trace(trace, count=4)
+    replicas = [
+        {"v": 1, "kind": "replica", "t": 1.7e9, "replica": name, "block_size": 32, "num_gpu_blocks": blocks}
+        for name, blocks in (("e0", 90), ("e1", 60))
+    ]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in replicas) + trace.read_text())
+    assert len(read_trace([trace])) == 4  # the replica lines are no requests
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    out = tmp_path / "out"
+    args = parser.parse_args([str(trace), "--jobs", "1", "--no-calibrate", "--out", str(out)])
+    assert run(args) == 0
+    recorded = json.loads((out / "replay.json").read_text())["options"]
+    assert (recorded["kv_blocks"], recorded["block_size"]) == (60, 32)  # the smaller of the two caches
+    assert "e0 90×32, e1 60×32; each simulated replica gets the smallest, 60×32" in capsys.readouterr().out
+    found = read_replicas([trace])
+
+    def cache(*flags: str, found: dict[str, ReplicaGeometry] = found) -> tuple[int | None, int]:
+        return simulated_kv_cache(parser.parse_args([str(trace), *flags]), found)
+
+    assert cache("--block-size", "16") == (120, 16)  # as many tokens as recorded
+    assert cache("--block-size", "16", "--kv-blocks", "500") == (500, 16)
+    assert cache(found={}) == (None, 16)  # an older trace: the simulator's defaults
