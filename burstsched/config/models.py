@@ -454,6 +454,12 @@ class RecordingConfig(StrictModel):
     include_text: bool = Field(
         default=False, description="Also record each prompt's messages or prompt text (off: hashes only)."
     )
+    decisions: bool = Field(
+        default=False,
+        description="Also record each request's decision: every candidate endpoint in the scheduler's order "
+        "with its scores, prefix match and the load it was judged by (to see why a request went where it "
+        "went, and where a replay's router parts from the live one).",
+    )
     flush_interval_ms: float = Field(
         default=200.0,
         gt=0,

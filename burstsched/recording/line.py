@@ -13,11 +13,14 @@ dict and calling ``json.dumps``; it runs once per request on the event loop, so 
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
+
+from burstsched.framework import Decision
 
 LINE_VERSION = 1
 HEX_PER_BLOCK = 16
@@ -131,8 +134,10 @@ Entry = tuple[
     float | None,  # first_byte_at: the recorder's clock
     bytes,  # the response's tail (usage)
     Any,  # the payload (include_text) or None
+    Decision | None,  # the scheduler's decision (decisions) or None
 ]
-"""One finished request's fields, as the recorder reads them (the payload only with ``include_text``)."""
+"""One finished request's fields, as the recorder reads them (the payload only with ``include_text``, the
+decision only with ``decisions``)."""
 
 
 def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: bool) -> bytes:
@@ -163,6 +168,7 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
         first_byte_at,
         response_tail,
         payload,
+        decision,
     ) = entry
     input_tokens, output_tokens, cached_tokens = usage_counts(response_tail)
     limit = (  # max_tokens_of, inlined
@@ -173,6 +179,8 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
         else None
     )
     tail = "}\n"
+    if decision is not None:
+        tail = ',"decision":' + decision_json(decision) + tail
     if with_text:
         text = prompt_text_of(payload) if isinstance(payload, dict) else None
         tail = ',"text":' + json.dumps(text, separators=(",", ":"), ensure_ascii=False) + tail
@@ -206,3 +214,28 @@ def format_replica_line(t: float, name: str, block_size: int, num_gpu_blocks: in
         f'{{"v":{LINE_VERSION},"kind":"{REPLICA_KIND}","t":{t:.6f},"replica":{encode_basestring(name)},'
         f'"block_size":{block_size},"num_gpu_blocks":{num_gpu_blocks}}}\n'
     ).encode()
+
+
+def decision_json(decision: Decision) -> str:
+    """The candidates in the scheduler's order (the first was picked), each with its weighted total, every
+    scorer's score, its prefix match in blocks and the load figures the scorers saw."""
+    candidates = []
+    for scored in decision.ranked:
+        e = scored.endpoint
+        match = decision.matches.get(scored.name)
+        candidates.append(
+            {
+                "endpoint": e.name,
+                "total": round(scored.total, 4),
+                "scores": {name: round(value, 4) for name, value in scored.scores.items()},
+                "matched_blocks": None if match is None else match.matched_blocks,
+                "waiting": e.waiting,
+                "running": e.running,
+                "in_flight": e.in_flight,
+                "pending": e.pending,
+                "kv_usage": round(e.kv_usage, 4),
+                "stale": e.stale,
+                "metrics_age_ms": round(e.metrics_age * 1000.0, 1) if math.isfinite(e.metrics_age) else None,
+            }
+        )
+    return json.dumps(candidates, separators=(",", ":"))

@@ -74,6 +74,7 @@ class Recorder:
     ) -> None:
         self._settings = settings
         self._include_text = settings.include_text
+        self._decisions = settings.decisions
         self._bytes_per_token = hashing.bytes_per_token
         self._clock = clock
         self._wall_offset = wall_clock() - clock()
@@ -124,6 +125,7 @@ class Recorder:
             served.first_byte_at,
             served.response_tail,
             payload if self._include_text else None,
+            admitted.decision if self._decisions else None,
         )
         try:
             line = format_line(entry, self._wall_offset, self._bytes_per_token, self._include_text)

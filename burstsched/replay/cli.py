@@ -95,6 +95,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "counts) instead of in one process on virtual time (the default: as fast as the CPU allows)",
     )
     parser.add_argument(
+        "--record-dir",
+        type=Path,
+        default=None,
+        help="each replayed router records its requests, with its decisions, to DIR/<config label>.jsonl "
+        "(virtual time only): set them beside a live recording made with recording.decisions",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=None,
@@ -222,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("burstsched replay: --jobs must be at least 1", file=sys.stderr)
         return 2
+    if args.record_dir is not None and args.realtime:
+        print("burstsched replay: --record-dir replays on virtual time only", file=sys.stderr)
+        return 2
     if args.recorded_placement:
         if args.realtime:
             print("burstsched replay: --recorded-placement replays on virtual time only", file=sys.stderr)
@@ -245,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         cost=None if calibration is None else calibration.cost,
+        record_dir=args.record_dir,
     )
     placement, results, skipped, elapsed = _replay(args, configs, requests, options)
     summary = summarize_trace(requests)

@@ -59,6 +59,11 @@ class ReplayOptions:
     """Seed of the rebuilt prompts' synthetic words (the sharing structure stays the trace's)."""
     virtual_time: bool = False
     """Replayed in one process on virtual time (:mod:`burstsched.replay.virtual_run`), not over sockets."""
+    record_dir: Path | None = None
+    """With virtual time: each replayed router records its requests, decisions included, to
+    ``record_dir/<label>.jsonl`` (the trace format), to set beside the live recording. Its endpoints,
+    groups and decisions are the replay's; its times are the host's clock, not the simulated one (the
+    replay's report has the simulated TTFTs)."""
 
 
 @dataclass(slots=True)

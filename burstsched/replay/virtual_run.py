@@ -18,12 +18,14 @@ import asyncio
 import json
 import multiprocessing
 import random
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import AsyncExitStack
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 from starlette.types import ASGIApp
@@ -51,11 +53,16 @@ def _url(name: str) -> str:
     return f"http://{name}.replay:8000"
 
 
-def virtual_config(config: RouterConfig, names: Sequence[str]) -> RouterConfig:
+def virtual_config(config: RouterConfig, names: Sequence[str], record_to: Path | None = None) -> RouterConfig:
     """``config`` as the in-process replay runs it: the in-process replicas as its endpoints, events fed in
-    process (no ZMQ address), prompts tokenized by a replica, no recording."""
+    process (no ZMQ address), prompts tokenized by a replica; no recording but to ``record_to`` (with the
+    decisions), never to the config's own path."""
     kv_events = config.kv_events.model_copy(update={"endpoint_template": None, "replay_template": None})
-    recording = config.recording.model_copy(update={"enabled": False})
+    recording = config.recording.model_copy(
+        update={"enabled": False}
+        if record_to is None
+        else {"enabled": True, "path": str(record_to), "decisions": True, "include_text": False}
+    )
     routed = config.model_copy(
         update={
             "endpoints": [EndpointConfig(url=_url(name), name=name) for name in names],
@@ -65,6 +72,11 @@ def virtual_config(config: RouterConfig, names: Sequence[str]) -> RouterConfig:
         }
     )
     return with_tokenizer(routed, "remote")
+
+
+def record_file_name(label: str) -> str:
+    """The file a config's replayed router records to, named after its label."""
+    return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", label).strip("_") + ".jsonl"
 
 
 class _EventFeed:
@@ -161,7 +173,8 @@ async def replay_virtual(
                 raise ValueError(f"the trace has {len(placed) - 1} endpoints: replay it on as many replicas")
             targets = [f"{_url(placed[r.endpoint])}/v1/completions" for r in requests]
         else:
-            routed = virtual_config(config, names)
+            record_to = None if options.record_dir is None else options.record_dir / record_file_name(label)
+            routed = virtual_config(config, names, record_to)
             rng = random.Random(options.text_seed)  # the pickers' random choices move with the seed too
             app = create_app(
                 routed, upstream=AsgiUpstream(apps), clock=loop.time, rng=rng, kv_events_in_process=True

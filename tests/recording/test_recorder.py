@@ -14,7 +14,14 @@ import pytest
 from burstsched.admission import Admitted, Role
 from burstsched.config import PrefixHashingConfig, RecordingConfig
 from burstsched.dispatch import Served
-from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, ScoredEndpoint
+from burstsched.framework import (
+    ApiKind,
+    Decision,
+    EndpointSnapshot,
+    PrefixMatch,
+    SchedRequest,
+    ScoredEndpoint,
+)
 from burstsched.recording import LINE_VERSION, Recorder, RotatingFile, Usage, hex_chain, parse_chain, usage_of
 from burstsched.recording.line import Entry, format_line
 
@@ -154,6 +161,7 @@ def _entry(**fields: Any) -> Entry:
         "first_byte_at": 10.25,
         "response_tail": b'{"usage":{"prompt_tokens":130,"completion_tokens":8,"total_tokens":138}}',
         "payload": None,
+        "decision": None,
         **fields,
     }
     return tuple(values.values())
@@ -174,7 +182,7 @@ def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[st
     order, same values (times rounded to the µs), escaped strings, null for what is missing."""
     entry = _entry(**fields)
     (arrived, ended, rid, api, model, stream, block_tokens, hashes, prompt, mct, mt, window, group, role,
-     size, waited, endpoint, outcome, first, tail, _payload) = entry  # fmt: skip
+     size, waited, endpoint, outcome, first, tail, _payload, _decision) = entry  # fmt: skip
     counts = usage_of(tail)
     limit = mct if type(mct) is int else mt if type(mt) is int else None
     expected = {
@@ -191,7 +199,7 @@ def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[st
     line = json.loads(raw)
     assert list(line) == list(expected)
     assert line == expected
-    with_text = format_line(entry[:-1] + ({"prompt": "p \u2028"},), 1000.0, 4, with_text=True)
+    with_text = format_line(_entry(**fields, payload={"prompt": "p \u2028"}), 1000.0, 4, with_text=True)
     assert json.loads(with_text) == {**expected, "text": "p \u2028"}
 
 
@@ -310,3 +318,37 @@ def test_each_rotated_file_repeats_the_replica_geometry(tmp_path: Path) -> None:
         replica = [i for i, line in enumerate(lines) if line.get("kind") == "replica"]
         if served:
             assert replica and replica[0] < served[0], path.name
+
+
+def test_with_decisions_a_line_holds_every_candidate_in_the_scheduler_s_order() -> None:
+    fresh = EndpointSnapshot(name="e1", url="http://e1", waiting=2, running=3, kv_usage=0.4, in_flight=1,
+                             metrics_age=0.0123)  # fmt: skip
+    stale = EndpointSnapshot(name="e0", url="http://e0", stale=True)
+    decision = Decision(
+        ranked=(
+            ScoredEndpoint(fresh, {"prefix-cache-scorer": 1.0, "queue-scorer": 0.25}, 3.5),
+            ScoredEndpoint(stale, {"prefix-cache-scorer": 0.0, "queue-scorer": 1.0}, 2.0),
+        ),
+        matches={"e1": PrefixMatch(12, 16, 64)},
+    )
+    line = json.loads(format_line(_entry(decision=decision), 1000.0, 4, with_text=False))
+    assert line["decision"] == [
+        {"endpoint": "e1", "total": 3.5, "scores": {"prefix-cache-scorer": 1.0, "queue-scorer": 0.25},
+         "matched_blocks": 12, "waiting": 2, "running": 3, "in_flight": 1, "pending": 0, "kv_usage": 0.4,
+         "stale": False, "metrics_age_ms": 12.3},
+        {"endpoint": "e0", "total": 2.0, "scores": {"prefix-cache-scorer": 0.0, "queue-scorer": 1.0},
+         "matched_blocks": None, "waiting": 0, "running": 0, "in_flight": 0, "pending": 0, "kv_usage": 0.0,
+         "stale": True, "metrics_age_ms": None},
+    ]  # fmt: skip
+    assert "decision" not in json.loads(format_line(_entry(), 1000.0, 4, with_text=False))
+
+
+def test_the_recorder_writes_decisions_only_when_asked(tmp_path: Path) -> None:
+    for decisions in (False, True):
+        recorder = _recorder(tmp_path / str(decisions), decisions=decisions).start()
+        _record(recorder)
+        recorder.close()
+        [line] = _lines(tmp_path / str(decisions) / "trace.jsonl")
+        assert ("decision" in line) is decisions
+        if decisions:
+            assert [c["endpoint"] for c in line["decision"]] == ["e0"]

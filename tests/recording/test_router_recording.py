@@ -27,7 +27,7 @@ async def test_every_request_gets_one_line_with_its_endpoint_and_ttft(tmp_path: 
         config = RouterConfig(
             endpoints=[EndpointConfig(name=n, url=u) for n, u in zip(pool.names, pool.urls, strict=True)],
             pool=PoolConfig(scrape_interval_ms=20, health_check_interval_ms=100),
-            recording=RecordingConfig(enabled=True, path=str(trace), flush_interval_ms=20),
+            recording=RecordingConfig(enabled=True, path=str(trace), flush_interval_ms=20, decisions=True),
         )
         endpoints: dict[str, str] = {}
         async with running_router(config, rng=random.Random(1)) as router:
@@ -74,5 +74,8 @@ async def test_every_request_gets_one_line_with_its_endpoint_and_ttft(tmp_path: 
         assert line["input_tokens"] > 0
         assert len(parse_chain(line["blocks"])) == line["prompt_tokens"] // 64 > 0
         assert "Question" not in json.dumps(line)
+        # the decision: both replicas judged, the one that served it first
+        assert [c["endpoint"] for c in line["decision"]][0] == line["endpoint"]
+        assert sorted(c["endpoint"] for c in line["decision"]) == sorted(pool.names)
     chains = [parse_chain(line["blocks"]) for line in lines]
     assert len({chain[0] for chain in chains}) == 1  # the shared document: same first block everywhere

@@ -163,3 +163,30 @@ def test_the_replicas_kv_caches_come_from_the_trace_unless_the_flags_say_otherwi
     assert cache("--block-size", "16") == (120, 16)  # as many tokens as recorded
     assert cache("--block-size", "16", "--kv-blocks", "500") == (500, 16)
     assert cache(found={}) == (None, 16)  # an older trace: the simulator's defaults
+
+
+def test_record_dir_keeps_each_replayed_router_s_requests_and_decisions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    trace = tmp_path / "trace.jsonl"
+    _write_trace(trace, count=6)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    record_dir = tmp_path / "replayed"
+    args = parser.parse_args(
+        [str(trace), "--config", str(REPO / "config" / "default.yaml"), "--jobs", "1", "--no-calibrate"]
+        + ["--record-dir", str(record_dir), "--out", str(tmp_path / "out")]
+    )
+    assert run(args) == 0
+    lines = [json.loads(text) for text in (record_dir / "default.jsonl").read_text().splitlines()]
+    requests = [line for line in lines if "kind" not in line]
+    assert sorted(line["id"] for line in requests) == [f"replay-{i}" for i in range(6)]
+    for line in requests:
+        assert line["decision"][0]["endpoint"] == line["endpoint"]  # the pick comes first
+        assert {c["endpoint"] for c in line["decision"]} == {"sim-0", "sim-1"}
+    assert {line["replica"] for line in lines if line.get("kind") == "replica"} <= {"sim-0", "sim-1"}
+    realtime = parser.parse_args([str(trace), "--realtime", "--record-dir", str(record_dir)])
+    assert run(realtime) == 2
+    assert "virtual time only" in capsys.readouterr().err
