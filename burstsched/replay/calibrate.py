@@ -14,6 +14,10 @@ the recorded ones did, and a trace may come from any hardware and model. Two fit
   is not pulled up by them as a least-squares fit is (a third of the points delayed moves it little), and
   the replay reproduces the queue by itself. The front end is slowed by the load as the engine is (the
   simulator does the same): on a CPU replica the API server shares the cores with the engine.
+- **The jitter**, from the requests that arrived at an idle endpoint: no queue and no load, so how far
+  their recorded TTFTs spread about the fitted ones (p90 over p50 of recorded / fitted) is the replicas' own
+  variability. The spread is matched on a grid by drawing one front-end and one engine factor per request;
+  the simulator applies it to the front end only (on the steps it would cut throughput).
 
 Measured on five document-QA traces from real vLLM on CPU, replayed with recorded placement: with the
 front end slowed by load, the replayed TTFT p50 came within 25% of the recorded one on all five (-23 to
@@ -23,6 +27,7 @@ replica (``loadtests/reports/replay-docqa-vllm-clean/``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -33,6 +38,8 @@ from burstsched.replay.trace import TracedRequest
 from burstsched.sim import CostModel
 
 MIN_POINTS = 10
+_JITTER_GRID = np.arange(0.0, 1.0001, 0.02)
+_JITTER_DRAWS = 64
 _IRLS_ROUNDS = 50
 _IRLS_FLOOR_S = 1e-4
 """Residuals below this (0.1 ms) weigh as this: keeps the reweighting finite."""
@@ -56,7 +63,7 @@ class Calibration:
         return (
             f"calibrated on {self.points} recorded TTFTs (step from {step_from}): step {step_ms:.2f} ms, "
             f"{c.load_slowdown:.2f} slower per extra sequence, prefill {prefill_us:.1f} us/token, "
-            f"front end {frontend_us:.2f} us/prompt token"
+            f"front end {frontend_us:.2f} us/prompt token, jitter {c.jitter:.2f}"
         )
 
 
@@ -85,7 +92,37 @@ def calibrate(requests: Sequence[TracedRequest], base: CostModel | None = None) 
         prefill_s_per_token=max(0.0, prefill),
         frontend_s_per_prompt_token=max(0.0, frontend),
     )
+    alone = in_flight_at_arrival(usable) == 0
+    front = cost.frontend_s_per_prompt_token * prompt[alone]
+    engine = cost.step_overhead_s + cost.prefill_s_per_token * uncached[alone]
+    spread = _jitter(front, engine, ttft[alone])
+    if spread is not None:
+        cost = replace(cost, jitter=spread)
     return Calibration(cost, len(usable), step_points)
+
+
+def _jitter(
+    front: npt.NDArray[np.float64], engine: npt.NDArray[np.float64], ttft: npt.NDArray[np.float64]
+) -> float | None:
+    """The ``jitter`` whose draws spread the modelled TTFTs of requests that arrived alone as the recorded
+    ones spread: their upper spread, p90 over p50 of recorded / modelled, matched on a grid by drawing one
+    front-end and one step factor per request (fixed seed). None with fewer than ``MIN_POINTS`` of them."""
+    model = front + engine
+    keep = model > 0
+    if np.count_nonzero(keep) < MIN_POINTS:
+        return None
+    front, engine, ratio = front[keep], engine[keep], ttft[keep] / model[keep]
+    target = float(np.log(np.quantile(ratio, 0.9) / np.quantile(ratio, 0.5)))
+    normals = np.random.default_rng(0).standard_normal((2, _JITTER_DRAWS, len(model[keep])))
+    best, best_gap = 0.0, math.inf
+    for spread in _JITTER_GRID:
+        drawn = (front * np.exp(spread * normals[0]) + engine * np.exp(spread * normals[1])) / (
+            front + engine
+        )
+        gap = abs(float(np.log(np.quantile(drawn, 0.9) / np.quantile(drawn, 0.5))) - target)
+        if gap < best_gap:
+            best, best_gap = float(spread), gap
+    return best
 
 
 def _intervals(requests: Sequence[TracedRequest]) -> tuple[npt.NDArray[np.float64], ...]:

@@ -68,6 +68,7 @@ class ReplicaParts:
             seed=cfg.seed,
             stats=self.metrics,
             event_sink=event_sink,
+            rng=random.Random(f"jitter:{cfg.seed}:{name}"),  # each replica its own draws, repeatable
         )
         state = SimState(
             config=cfg,

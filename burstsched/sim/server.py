@@ -251,6 +251,7 @@ class _Handlers:
         engine = self.s.engine
         busy = engine.num_running + engine.num_waiting
         frontend = self.s.config.cost.frontend_s(len(prepared.prompt_ids), busy) * self.s.config.time_scale
+        frontend *= engine.jitter.factor()
         if frontend > 0:
             await self.s.clock.sleep_until(arrival + frontend)
         req = self._engine_request(prepared, arrival)

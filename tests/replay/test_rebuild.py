@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 
 import pytest
@@ -179,3 +180,26 @@ def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
     assert no_e2e.cost.step_overhead_s == pytest.approx(step, abs=1e-3)
     assert no_e2e.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
     assert calibrate(requests[:5]) is None  # too few points
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.3, 0.6])
+def test_calibration_fits_the_spread_of_requests_that_came_alone(spread: float) -> None:
+    """Lone requests whose front end and engine work each varied by exp(spread x Z): the fitted jitter is
+    that spread (a zero spread fits none)."""
+    rng = random.Random(5)
+    step, prefill, frontend = 0.004, 80e-6, 30e-6
+    requests = []
+    for k in range(400):
+        prompt = rng.randint(500, 4000)
+        cached = rng.choice([0, prompt - 100])
+        front = frontend * prompt * math.exp(spread * rng.gauss(0, 1))
+        engine = (step + prefill * (prompt - cached)) * math.exp(spread * rng.gauss(0, 1))
+        base = dataclasses.replace(_traced((1, 2), 10), t=10.0 * k)
+        requests.append(
+            dataclasses.replace(
+                base, input_tokens=prompt, cached_tokens=cached, ttft_ms=(front + engine) * 1000, e2e_ms=None
+            )
+        )
+    fitted = calibrate(requests)
+    assert fitted is not None
+    assert fitted.cost.jitter == pytest.approx(spread, abs=0.1)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import random
+import statistics
+
 import pytest
 
-from burstsched.sim.cost_model import CostModel
+from burstsched.sim.cost_model import CostModel, Jitter
 
 from .engine_helpers import running_engine, tokens
 
@@ -53,3 +57,17 @@ async def test_two_decoding_sequences_each_wait_longer_per_token_with_a_slowdown
             gaps[slowdown] = (a.finished_time - a.first_token_time) / 5
     assert gaps[0.0] == pytest.approx(0.01)
     assert gaps[0.5] == pytest.approx(0.015)
+
+
+def test_jitter_draws_median_one_factors_of_its_spread_and_none_without_it() -> None:
+    rng = random.Random(3)
+    state = rng.getstate()
+    assert all(Jitter(0.0, rng).factor() == 1.0 for _ in range(10))
+    assert rng.getstate() == state  # no spread, no draw: a replay without jitter is unchanged
+    logs = [math.log(Jitter(0.4, rng).factor()) for _ in range(4000)]
+    assert statistics.median(logs) == pytest.approx(0.0, abs=0.03)
+    assert statistics.stdev(logs) == pytest.approx(0.4, abs=0.02)
+    first, again = Jitter(0.4, random.Random("r0")), Jitter(0.4, random.Random("r0"))
+    assert [first.factor() for _ in range(5)] == [again.factor() for _ in range(5)]
+    with pytest.raises(ValueError, match="jitter"):
+        CostModel(jitter=-0.1)
