@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -18,6 +19,13 @@ from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all,
 from .test_replay_run import _write_trace
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _replay_parser() -> argparse.ArgumentParser:
+    """``burstsched replay``'s own arguments."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser
 
 
 def _config(name: str) -> RouterConfig:
@@ -72,12 +80,9 @@ def test_the_precise_index_is_fed_the_replicas_events_in_process(tmp_path: Path)
 def test_the_cli_sweeps_on_virtual_time_and_names_the_best(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
-
     trace = tmp_path / "trace.jsonl"
     _write_trace(trace, count=6)
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    parser = _replay_parser()
     out = tmp_path / "out"
     args = parser.parse_args(
         [str(trace), "--sweep", "admission.window_ms=2,20", "--jobs", "1", "--no-calibrate"]
@@ -95,10 +100,7 @@ def test_the_cli_sweeps_on_virtual_time_and_names_the_best(
 def test_a_missing_or_broken_trace_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    parser = _replay_parser()
     assert run(parser.parse_args([str(tmp_path / "absent.jsonl")])) == 2
     assert "cannot read the trace" in capsys.readouterr().err
     broken = tmp_path / "broken.jsonl"
@@ -125,10 +127,7 @@ def test_recorded_placement_sends_each_request_to_its_recorded_endpoint_s_replic
     assert all(ttft is not None and ttft > 0 for ttft in result.ttft_by_request_ms)
     assert sorted(t for t in result.ttft_by_request_ms if t is not None) == result.ttfts_ms
 
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    parser = _replay_parser()
     too_few = parser.parse_args([str(trace), "--recorded-placement", "--replicas", "1"])
     assert run(too_few) == 2
 
@@ -136,8 +135,6 @@ def test_recorded_placement_sends_each_request_to_its_recorded_endpoint_s_replic
 def test_the_replicas_kv_caches_come_from_the_trace_unless_the_flags_say_otherwise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
-
     trace = tmp_path / "trace.jsonl"
     _write_trace(trace, count=4)
     replicas = [
@@ -146,8 +143,7 @@ def test_the_replicas_kv_caches_come_from_the_trace_unless_the_flags_say_otherwi
     ]
     trace.write_text("".join(json.dumps(line) + "\n" for line in replicas) + trace.read_text())
     assert len(read_trace([trace])) == 4  # the replica lines are no requests
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    parser = _replay_parser()
 
     out = tmp_path / "out"
     args = parser.parse_args([str(trace), "--jobs", "1", "--no-calibrate", "--out", str(out)])
@@ -168,12 +164,9 @@ def test_the_replicas_kv_caches_come_from_the_trace_unless_the_flags_say_otherwi
 def test_record_dir_keeps_each_replayed_router_s_requests_and_decisions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
-
     trace = tmp_path / "trace.jsonl"
     _write_trace(trace, count=6)
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    parser = _replay_parser()
     record_dir = tmp_path / "replayed"
     args = parser.parse_args(
         [str(trace), "--config", str(REPO / "config" / "default.yaml"), "--jobs", "1", "--no-calibrate"]
