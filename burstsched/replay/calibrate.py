@@ -106,14 +106,14 @@ def _jitter(
 ) -> float | None:
     """The ``jitter`` whose draws spread the modelled TTFTs of requests that arrived alone as the recorded
     ones spread: their upper spread, p90 over p50 of recorded / modelled, matched on a grid by drawing one
-    front-end and one step factor per request (fixed seed). None with fewer than ``MIN_POINTS`` of them."""
+    front-end and one engine factor per request (fixed seed). None with fewer than ``MIN_POINTS`` of them."""
     model = front + engine
     keep = model > 0
     if np.count_nonzero(keep) < MIN_POINTS:
         return None
     front, engine, ratio = front[keep], engine[keep], ttft[keep] / model[keep]
     target = float(np.log(np.quantile(ratio, 0.9) / np.quantile(ratio, 0.5)))
-    normals = np.random.default_rng(0).standard_normal((2, _JITTER_DRAWS, len(model[keep])))
+    normals = np.random.default_rng(0).standard_normal((2, _JITTER_DRAWS, len(front)))
     best, best_gap = 0.0, math.inf
     for spread in _JITTER_GRID:
         drawn = (front * np.exp(spread * normals[0]) + engine * np.exp(spread * normals[1])) / (

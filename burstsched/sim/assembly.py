@@ -11,6 +11,7 @@ from burstsched.prefix.kv_events import KVEvent
 from burstsched.sim.chat_template import ChatTemplate
 from burstsched.sim.clock import Clock
 from burstsched.sim.config import SimConfig
+from burstsched.sim.cost_model import Jitter
 from burstsched.sim.engine import Engine, EngineLimits
 from burstsched.sim.faults import FaultState
 from burstsched.sim.metrics import SimMetrics
@@ -68,7 +69,6 @@ class ReplicaParts:
             seed=cfg.seed,
             stats=self.metrics,
             event_sink=event_sink,
-            rng=random.Random(f"jitter:{cfg.seed}:{name}"),  # each replica its own draws, repeatable
         )
         state = SimState(
             config=cfg,
@@ -81,6 +81,9 @@ class ReplicaParts:
             clock=clock,
             vocab=self.tokenizer.output_vocabulary(),
             rng=random.Random(f"requests:{cfg.seed}"),
+            jitter=Jitter(
+                cfg.cost.jitter, random.Random(f"jitter:{cfg.seed}:{name}")
+            ),  # own draws per replica
             created=int(time.time()),
             recorded=self.recorded,
         )

@@ -56,9 +56,9 @@ class CostModel:
     load_slowdown: float = 0.0
     """How much longer a step gets for each sequence it serves beyond the first (0: a GPU's batching)."""
     jitter: float = 0.0
-    """Spread of each step's and each request's front-end duration: each is multiplied by ``exp(jitter x Z)``,
-    ``Z`` standard normal (a median of 1). 0, the default: every duration is the model's. A CPU replica
-    sharing its cores varies from one step to the next (0.2-0.4 fitted on real vLLM on CPU)."""
+    """Spread of each request's front-end duration: it is multiplied by ``exp(jitter x Z)``, ``Z`` standard
+    normal (a median of 1). 0, the default: every duration is the model's. Real vLLM on CPU varies from one
+    request to the next (0.66-0.98 fitted by the replay's calibration on four traces)."""
 
     def __post_init__(self) -> None:
         names = (

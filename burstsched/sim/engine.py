@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from typing import Literal, Protocol
 from burstsched.prefix.kv_events import KVEvent
 from burstsched.sim.block_cache import BlockCache, BlockHasher
 from burstsched.sim.clock import Clock
-from burstsched.sim.cost_model import CostModel, Jitter
+from burstsched.sim.cost_model import CostModel
 
 log = logging.getLogger(__name__)
 
@@ -205,12 +204,9 @@ class Engine:
         seed: int = 0,
         stats: EngineStats | None = None,
         event_sink: EventSink | None = None,
-        rng: random.Random | None = None,
     ) -> None:
         self.limits = limits
         self.cost = cost
-        self.jitter = Jitter(cost.jitter, rng or random.Random(seed))
-        """The step and front-end duration factors (``cost.jitter``), from the injected RNG."""
         self.time_scale = time_scale
         self.clock = clock
         self.cache = BlockCache(

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from burstsched.sim.chat_template import ChatTemplate, TemplateError
 from burstsched.sim.clock import Clock
 from burstsched.sim.config import VLLM_VERSION, SimConfig
+from burstsched.sim.cost_model import Jitter
 from burstsched.sim.engine import Engine, EngineClosedError, EngineRequest, QueueFullError, Status, TokenEvent
 from burstsched.sim.errors import VALIDATION_ERROR, detail_response, error_response, sse_error_event
 from burstsched.sim.faults import Faults, FaultSpecError, FaultState
@@ -85,6 +86,8 @@ class SimState:
     vocab: list[tuple[int, str]]
     rng: random.Random
     created: int
+    jitter: Jitter
+    """The factors of each request's front-end time (``cost.jitter``), from this replica's own RNG."""
     drop_connection: Callable[[Client | None], None] = field(default=lambda client: None)
     """Close the connection from this peer abruptly (the replica owns the server and its connections);
     None, an unknown peer (an in-process transport), is left alone."""
@@ -251,7 +254,7 @@ class _Handlers:
         engine = self.s.engine
         busy = engine.num_running + engine.num_waiting
         frontend = self.s.config.cost.frontend_s(len(prepared.prompt_ids), busy) * self.s.config.time_scale
-        frontend *= engine.jitter.factor()
+        frontend *= self.s.jitter.factor()
         if frontend > 0:
             await self.s.clock.sleep_until(arrival + frontend)
         req = self._engine_request(prepared, arrival)
