@@ -1,4 +1,4 @@
-"""Recording's CPU cost per request, in process: the event loop's share and the writer thread's share.
+"""Recording's CPU cost per request, in process: the request's share and the flushes' share.
 
     python loadtests/recording_cost.py [--requests 20000] [--stream | --no-stream] [--reads 1,100]
         [--warmup 1000] [--prompt-bytes 4096] [--config config/default.yaml]
@@ -17,11 +17,11 @@ messages uvicorn would pass, so the only work measured is the router's. Per vari
   request's CPU is the event-loop thread's ``time.thread_time`` around the app call. Between requests the
   loop runs once (``asyncio.sleep(0)``), so the pool's scrapes and health checks go on, outside the
   measured calls. Per router the median; on − off as the median and p90 of the paired differences;
-- writer: the recorder thread's CPU (its POSIX thread CPU clock, what ``/proc/self/task/TID/stat``
-  counts in ticks, read in ns) from before the first measured request to the flush of the last one's
-  line, less what it spends idle (its wake-ups every ``flush_interval_ms``, measured on the idle router
-  first), per line written;
-- total: loop difference + writer per line, against the target (at most ``TARGET_US``).
+- flush: the recorder's flushes run on the same loop between requests (its task, every
+  ``flush_interval_ms``), outside the timed app calls; each times itself with ``time.thread_time`` (the
+  formatting and the ``write``), and ``Recorder.flush_cpu_s`` over the measured requests, per line, is
+  their share;
+- total: loop difference + flush per line, against the target (at most ``TARGET_US``).
 
 Every line the recording router wrote is read back and checked (one per request, warm-up included, with
 the request's stream flag, usage counts and endpoint), and the router without recording must write none;
@@ -44,7 +44,6 @@ import os
 import platform
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
@@ -63,12 +62,9 @@ MODEL = "kv-demo"
 ENDPOINT = "r1"
 ENDPOINT_URL = "http://r1:8000"
 TARGET_US = 10.0
-"""Recording's budget per request: loop difference + writer per line, in µs."""
+"""Recording's budget per request: loop difference + flush per line, in µs."""
 COMPLETION_TOKENS = 16
-WRITER_THREAD = "burstsched-recorder"
 DRAIN_TIMEOUT_S = 30.0
-IDLE_FLUSHES = 5
-"""The writer's idle cost is measured over this many flush intervals."""
 _METRICS = (
     f'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name="{MODEL}"}} 0\n'
     f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="{MODEL}"}} 0\n'
@@ -95,10 +91,11 @@ class Variant:
 
 
 def _usage(prompt_tokens: int) -> dict[str, Any]:
+    """``usage`` in vLLM's field order (``prompt_tokens_details``: ``--enable-prompt-tokens-details``)."""
     return {
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": COMPLETION_TOKENS,
         "total_tokens": prompt_tokens + COMPLETION_TOKENS,
+        "completion_tokens": COMPLETION_TOKENS,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
 
@@ -252,27 +249,13 @@ async def alternate(off: InProcessClient, on: InProcessClient, pairs: int) -> tu
     return offs, ons
 
 
-# --- the writer thread --------------------------------------------------------------------------------------
-
-
-def writer_thread() -> threading.Thread:
-    """The one recorder thread of this process (only the recording router has one)."""
-    found = [t for t in threading.enumerate() if t.name == WRITER_THREAD]
-    if len(found) != 1:
-        raise RuntimeError(f"expected one {WRITER_THREAD} thread, found {len(found)}")
-    return found[0]
-
-
-def thread_cpu_ns(thread: threading.Thread) -> int:
-    """``thread``'s CPU time (user + system) in ns, from its POSIX thread CPU clock."""
-    assert thread.ident is not None
-    return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+# --- the flushes --------------------------------------------------------------------------------------------
 
 
 async def flushed(recorder: Recorder, lines: int) -> None:
     """Until the recorder has written ``lines`` lines in all (bounded)."""
     async with asyncio.timeout(DRAIN_TIMEOUT_S):
-        while recorder.written < lines:  # noqa: ASYNC110 - a counter of another thread's, no event to wait on
+        while recorder.written < lines:  # noqa: ASYNC110 - the recorder's flush task counts them
             await asyncio.sleep(0.005)
 
 
@@ -290,8 +273,7 @@ class VariantResult:
     loop_on_us: float
     diff_median_us: float
     diff_p90_us: float
-    writer_per_line_us: float
-    writer_idle_us_per_s: float
+    flush_per_line_us: float
     total_us: float
     target_us: float
     passed: bool
@@ -334,7 +316,7 @@ def _us(ns: float) -> float:
 async def measure(
     variant: Variant, base: RouterConfig, args: argparse.Namespace, workdir: Path
 ) -> VariantResult:
-    """A fresh pair of routers for ``variant``: warm-up, the measured pairs, the writer's CPU per line."""
+    """A fresh pair of routers for ``variant``: warm-up, the measured pairs, the flushes' CPU per line."""
     key = "json" if not variant.stream else f"stream{variant.reads}"
     on_trace, off_trace = workdir / f"{key}-on.jsonl", workdir / f"{key}-off.jsonl"
     body = request_body(args.prompt_bytes, variant.stream)
@@ -345,26 +327,21 @@ async def measure(
     off, on = InProcessClient(off_app, body), InProcessClient(on_app, body)
     async with lifespan(off_app), lifespan(on_app):
         recorder: Recorder = on_app.state.router.recorder
-        writer = writer_thread()
-        idle_s = IDLE_FLUSHES * base.recording.flush_interval_ms / 1000.0
-        idle_start = thread_cpu_ns(writer)
-        await asyncio.sleep(idle_s)
-        idle_ns_per_s = (thread_cpu_ns(writer) - idle_start) / idle_s
         await alternate(off, on, args.warmup)
         await flushed(recorder, args.warmup)
         gc.collect()
         gc.freeze()
         try:
-            cpu_start, wall_start = thread_cpu_ns(writer), time.monotonic()
+            flush_start = recorder.flush_cpu_s
             offs, ons = await alternate(off, on, args.requests)
             await flushed(recorder, args.warmup + args.requests)
-            writer_ns = thread_cpu_ns(writer) - cpu_start - idle_ns_per_s * (time.monotonic() - wall_start)
+            flush_ns = (recorder.flush_cpu_s - flush_start) * 1e9
         finally:
             gc.unfreeze()
     diffs = [b - a for a, b in zip(offs, ons, strict=True)]
     diff_median = statistics.median(diffs)
-    writer_per_line = writer_ns / args.requests
-    total_us = _us(diff_median + writer_per_line)
+    flush_per_line = flush_ns / args.requests
+    total_us = _us(diff_median + flush_per_line)
     return VariantResult(
         variant=variant.name,
         stream=variant.stream,
@@ -375,8 +352,7 @@ async def measure(
         loop_on_us=_us(statistics.median(ons)),
         diff_median_us=_us(diff_median),
         diff_p90_us=_us(statistics.quantiles(diffs, n=10, method="inclusive")[-1]),
-        writer_per_line_us=_us(writer_per_line),
-        writer_idle_us_per_s=_us(idle_ns_per_s),
+        flush_per_line_us=_us(flush_per_line),
         total_us=total_us,
         target_us=TARGET_US,
         passed=total_us <= TARGET_US,
@@ -390,7 +366,7 @@ async def measure(
 # --- output -------------------------------------------------------------------------------------------------
 
 _HEAD = (
-    "| variant | loop off µs | loop on µs | on − off median µs | on − off p90 µs | writer µs/line "
+    "| variant | loop off µs | loop on µs | on − off median µs | on − off p90 µs | flush µs/line "
     "| total µs | target | |"
 )
 
@@ -401,7 +377,7 @@ def table(results: list[VariantResult]) -> str:
         verdict = "pass" if r.passed else "FAIL"
         rows.append(
             f"| {r.variant} | {r.loop_off_us:.1f} | {r.loop_on_us:.1f} | {r.diff_median_us:+.2f} "
-            f"| {r.diff_p90_us:+.2f} | {r.writer_per_line_us:.2f} | {r.total_us:.2f} | ≤ {r.target_us:g} "
+            f"| {r.diff_p90_us:+.2f} | {r.flush_per_line_us:.2f} | {r.total_us:.2f} | ≤ {r.target_us:g} "
             f"| {verdict} |"
         )
     return "\n".join(rows)
@@ -474,8 +450,8 @@ def markdown(results: list[VariantResult], command: str, env: dict[str, Any]) ->
         f"`{command}`\n\nPython {env['python']}, {env['cpus']} CPUs, load average {env['load_average']} "
         "at the start.\n\n"
         f"{table(results)}\n\nloop: the event-loop thread's CPU per request (medians); on − off: the paired "
-        "differences; writer: the recorder thread's CPU per line, idle wake-ups excluded; total = on − off "
-        f"median + writer per line, target ≤ {TARGET_US:g} µs.\n"
+        "differences; flush: the recorder's flushes' CPU (formatting and writing, on the loop) per line; "
+        f"total = on − off median + flush per line, target ≤ {TARGET_US:g} µs.\n"
     )
 
 

@@ -463,7 +463,8 @@ class RecordingConfig(StrictModel):
     flush_interval_ms: float = Field(
         default=200.0,
         gt=0,
-        description="How often the writer thread encodes and writes the buffered lines.",
+        description="How often the requests recorded since the last flush are formatted and written to the "
+        "file (one write, from the event loop).",
     )
 
 

@@ -159,7 +159,7 @@ class Router:
             deadline=deadline,
             prefill_cap=prefill_cap,
         )
-        if self.recorder is not None:  # recording: the line is built here (response sent); a thread writes it
+        if self.recorder is not None:  # queued here (response sent); formatted and written in batches
             self.recorder.record(arrived, parsed, request, admitted, served)
 
     async def _token_ids(self, api: ApiKind, payload: dict[str, Any]) -> tuple[int, ...] | None:
@@ -444,7 +444,7 @@ def create_app(
             if config.recording.enabled:
                 recorder = Recorder(config.recording, config.prefix_hashing, geometry=pool.kv_geometry)
                 recorder.start()
-                resources.push_async_callback(anyio.to_thread.run_sync, recorder.close)
+                resources.callback(recorder.close)  # writes what the last flush left
             tracing = Tracing(tracing_settings) if tracing_settings is not None else None
             admission = Admission(config.admission, scheduler, pool.snapshots)
             app.state.router = Router(
@@ -491,6 +491,8 @@ def create_app(
                 if dynamic:
                     tg.start_soon(follow_discovery, name="burstsched-discovery")
                 tg.start_soon(runtime.sampler.run, name="burstsched-loop-lag")
+                if recorder is not None:
+                    tg.start_soon(recorder.run, name="burstsched-recorder")
                 try:
                     yield
                 finally:

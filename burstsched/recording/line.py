@@ -1,4 +1,4 @@
-"""One recorded request as a JSON line (pure functions, run on the event loop by the recorder).
+"""One recorded request as a JSON line (pure functions, run on the event loop by the recorder's flush).
 
 The line format (``v`` 1) is documented in this package's README. Block hashes are written as one hex
 string, 16 hex digits per block (unsigned 64-bit, big-endian): ``jq`` reads it without the precision loss
@@ -6,19 +6,20 @@ its numbers would suffer past 2^53.
 
 :func:`format_line` writes the line with one f-string from primitives: strings go through the ``json``
 module's C string encoder, numbers are formatted directly. That is several times cheaper than building a
-dict and calling ``json.dumps``; it runs once per request on the event loop, so every call it makes counts
-(the costs measured are in the README).
+dict and calling ``json.dumps`` (or ``orjson.dumps`` of that dict); it runs once per request on the event
+loop, so every call it makes counts (the costs measured are in the README).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import struct
 from dataclasses import dataclass
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, Final
 
 from burstsched.framework import Decision
 
@@ -30,6 +31,13 @@ _USAGE_OPEN = re.compile(rb'"usage"\s*:\s*\{')
 _INPUT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _OUTPUT = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_VLLM_USAGE = re.compile(
+    rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)'
+    rb'(?:\}|,"prompt_tokens_details":(?:null|\{"cached_tokens":(\d+)))'
+)
+"""vLLM's ``usage`` object as it serializes it (its field order, no spaces; ``prompt_tokens_details`` absent,
+null or leading with ``cached_tokens``): read with one anchored match. Any other shape takes the general
+reading, three searches inside the object, in any order and spacing."""
 
 Counts = tuple[int | None, int | None, int | None]
 """``(input_tokens, output_tokens, cached_tokens)``; None: not reported."""
@@ -53,13 +61,18 @@ def usage_counts(response_tail: bytes) -> Counts:
     """The counts of the last ``usage`` object in a JSON body or a stream's tail.
 
     Found from the end with ``bytes.rfind`` (a ``"usage"`` key holding no object, e.g. ``null``, is
-    skipped), then read with three anchored regex searches inside that object: no JSON decoding, no copy.
+    skipped), then read with one match when it is vLLM's serialization, else with three regex searches
+    inside that object: no JSON decoding, no copy.
     """
     end = len(response_tail)
     while True:
         at = response_tail.rfind(_USAGE_KEY, 0, end)
         if at < 0:
             return _NO_COUNTS
+        vllm = _VLLM_USAGE.match(response_tail, at)
+        if vllm is not None:
+            cached = vllm[3]
+            return int(vllm[1]), int(vllm[2]), None if cached is None else int(cached)
         opened = _USAGE_OPEN.match(response_tail, at)
         if opened is not None:
             break
@@ -120,7 +133,7 @@ Entry = tuple[
     str,  # model
     bool,  # stream
     int,  # block_tokens
-    tuple[int, ...],  # block hashes
+    str,  # the block-hash chain, as hex_chain writes it
     int,  # prompt_tokens
     object,  # the payload's max_completion_tokens (any JSON value)
     object,  # the payload's max_tokens
@@ -133,11 +146,14 @@ Entry = tuple[
     str,  # outcome
     float | None,  # first_byte_at: the recorder's clock
     bytes,  # the response's tail (usage)
-    Any,  # the payload (include_text) or None
+    Any,  # the prompt text (include_text: the messages or the prompt) or None
     Decision | None,  # the scheduler's decision (decisions) or None
 ]
-"""One finished request's fields, as the recorder reads them (the payload only with ``include_text``, the
+"""One finished request's fields, as the recorder reads them (the text only with ``include_text``, the
 decision only with ``decisions``)."""
+
+ENDPOINT: Final = 16
+"""The endpoint's index in an :data:`Entry`."""
 
 
 def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: bool) -> bytes:
@@ -154,7 +170,7 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
         model,
         stream,
         block_tokens,
-        block_hashes,
+        blocks,
         prompt_tokens,
         max_completion_tokens,
         max_tokens,
@@ -167,7 +183,7 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
         outcome,
         first_byte_at,
         response_tail,
-        payload,
+        text,
         decision,
     ) = entry
     input_tokens, output_tokens, cached_tokens = usage_counts(response_tail)
@@ -182,14 +198,11 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
     if decision is not None:
         tail = ',"decision":' + decision_json(decision) + tail
     if with_text:
-        text = prompt_text_of(payload) if isinstance(payload, dict) else None
         tail = ',"text":' + json.dumps(text, separators=(",", ":"), ensure_ascii=False) + tail
     ttft = "null" if first_byte_at is None else format((first_byte_at - arrived) * 1000.0, ".3f")
     return (
         f'{{"v":{LINE_VERSION},"t":{arrived + wall_offset:.6f},"id":{encode_basestring(request_id)},'
-        f'"api":{encode_basestring(api)},"model":{encode_basestring(model)},'
-        f'"stream":{"true" if stream else "false"},"block_tokens":{block_tokens},'
-        f'"bytes_per_token":{bytes_per_token},"blocks":"{hex_chain(block_hashes)}",'
+        f'{_head(api, model, stream, block_tokens, bytes_per_token)}{blocks}",'
         f'"prompt_tokens":{prompt_tokens},'
         f'"input_tokens":{"null" if input_tokens is None else input_tokens},'
         f'"cached_tokens":{"null" if cached_tokens is None else cached_tokens},'
@@ -198,10 +211,26 @@ def format_line(entry: Entry, wall_offset: float, bytes_per_token: int, with_tex
         f'"window":{"null" if window is None else window},'
         f'"group":{"null" if group is None else encode_basestring(group)},'
         f'"role":{encode_basestring(role)},"group_size":{group_size},"waited_ms":{waited_s * 1000.0:.3f},'
-        f'"endpoint":{"null" if endpoint is None else encode_basestring(endpoint)},'
-        f'"outcome":{encode_basestring(outcome)},"ttft_ms":{ttft},'
-        f'"e2e_ms":{(ended - arrived) * 1000.0:.3f}{tail}'
+        f'{_served(endpoint, outcome)}{ttft},"e2e_ms":{(ended - arrived) * 1000.0:.3f}{tail}'
     ).encode()
+
+
+@functools.lru_cache(maxsize=256)
+def _head(api: str, model: str, stream: bool, block_tokens: int, bytes_per_token: int) -> str:
+    """The line's fields from ``api`` to the opening quote of ``blocks``: the same for most requests of a
+    router (a few kinds of request per model), so written once per kind."""
+    return (
+        f'"api":{encode_basestring(api)},"model":{encode_basestring(model)},'
+        f'"stream":{"true" if stream else "false"},"block_tokens":{block_tokens},'
+        f'"bytes_per_token":{bytes_per_token},"blocks":"'
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _served(endpoint: str | None, outcome: str) -> str:
+    """The line's ``endpoint`` and ``outcome`` fields and the ``ttft_ms`` key (a few values each)."""
+    where = "null" if endpoint is None else encode_basestring(endpoint)
+    return f'"endpoint":{where},"outcome":{encode_basestring(outcome)},"ttft_ms":'
 
 
 REPLICA_KIND = "replica"

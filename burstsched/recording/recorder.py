@@ -1,39 +1,54 @@
-"""The traffic recorder: the event loop formats each request's line; a writer thread only writes them.
+"""The traffic recorder: a request's path only queues what its line needs; the loop formats and writes
+the lines in batches.
 
 :meth:`Recorder.record` is the only call on a request's path, after the response has been sent (no client
-waits on it): it formats the request's line (:func:`~burstsched.recording.line.format_line`, from the
-request's primitives: ids, counts, times, the response's tail; the payload only with ``include_text``) and
-appends the finished ``bytes`` to a deque, no lock, no I/O. A malformed entry never raises into the
-request: it is counted in ``failed`` and logged. Every ``flush_interval_ms`` the writer thread takes the
-queued lines off the deque (C calls only, no Python code per line) and appends them to the rotating file in
-one write, whose syscall releases the GIL. The deque is unbounded: a burst is never dropped, it waits for
-the next flush.
+waits on it): it appends one flat tuple of the line's primitives (ids, counts, times, the response's tail;
+of the payload only its output limits, and its prompt text with ``include_text``) to a deque: no
+formatting, no I/O, no object of the request kept. Every ``flush_interval_ms``, :meth:`Recorder.run` (a
+task of the app's lifespan) calls :meth:`Recorder.flush`, which formats the queued requests one after the
+other (:func:`~burstsched.recording.line.format_line`) and appends the lines to the rotating file in one
+``write``, as nginx writes a buffered access log: from the event loop, one system call per flush, into the
+page cache. It formats :data:`FLUSH_SLICE` requests at a time and lets the loop serve requests between
+slices, so that a flush after a busy interval never holds the loop for long. A request whose line cannot
+be formatted is counted in ``failed`` and logged, never raised.
 
-Why the loop formats: a thread doing Python work while the loop is busy pays for every GIL round trip
-(about 1 ms of CPU each under load, measured) and for cold caches after each switch; formatting there cost
-12-43 µs per line against 5-7 µs in a tight loop. On the loop, right after the request, ``record`` costs
-14-20 µs; the writer now takes the GIL twice per flush, not once per 5 ms of formatting (measured costs:
-the README).
+Why not a thread: a writer thread pays for every GIL round trip while the loop is busy (about 1 ms of CPU
+per wake-up, measured). Why not format on the request's path: right after a request the caches are cold
+with its own work, and a line cost more there than in a batch (measured costs: the README). The trade: the
+loop blocks for as long as the file's ``write`` does, which on a local disk is a copy into the page cache;
+a disk that stalls writes stalls the router too.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from itertools import repeat, starmap
 from typing import Any, Protocol
 
+import anyio
+import anyio.lowlevel
+
 from burstsched.admission import Admitted
 from burstsched.config import PrefixHashingConfig, RecordingConfig
 from burstsched.dispatch import Served
 from burstsched.framework import ApiKind, SchedRequest
-from burstsched.recording.line import Entry, format_line, format_replica_line
+from burstsched.recording.line import (
+    ENDPOINT,
+    Entry,
+    format_line,
+    format_replica_line,
+    hex_chain,
+    prompt_text_of,
+)
 from burstsched.recording.writer import RotatingFile
 
 log = logging.getLogger(__name__)
+
+FLUSH_SLICE = 128
+"""Requests a flush formats before it lets the loop serve again (about 1 ms of formatting)."""
 
 Clock = Callable[[], float]
 Geometry = Callable[[str], tuple[int | None, int | None]]
@@ -54,13 +69,15 @@ class RecordedRequest(Protocol):
 
 
 class Recorder:
-    """Records dispatched requests as JSON lines; :meth:`start` and :meth:`close` bracket its thread.
+    """Records dispatched requests as JSON lines; :meth:`start` and :meth:`close` bracket its file, and
+    :meth:`run` flushes every ``flush_interval_ms`` in between.
 
     ``clock`` is the monotonic clock the request's times come from (``arrived`` and the dispatcher's
     ``first_byte_at``); ``wall_clock`` turns them into Unix times for the file. With ``geometry``, a
     replica's KV-cache geometry gets a line of its own (``kind: replica``) before the first request line
-    that names it, again when it changes, and again in each new file after a rotation: the replay sizes its
-    simulated caches from it.
+    that names it, again in the first flush that finds it changed, and again in each new file after a
+    rotation: the replay sizes its simulated caches from it. ``flush_cpu_s`` is the CPU time (the loop
+    thread's) the flushes have taken, formatting included: the per-request cost :meth:`record` leaves.
     """
 
     def __init__(
@@ -78,16 +95,16 @@ class Recorder:
         self._bytes_per_token = hashing.bytes_per_token
         self._clock = clock
         self._wall_offset = wall_clock() - clock()
-        self._pending: deque[bytes] = deque()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._queued: deque[Entry] = deque()
+        self._formatted: list[bytes] = []
         self._file: RotatingFile | None = None
         self.written = 0
-        self._malformed = 0  # counted by the event loop
-        self._unwritten = 0  # counted by the writer thread
+        self._malformed = 0
+        self._unwritten = 0
+        self.flush_cpu_s = 0.0
         self._geometry = geometry
         self._geometry_seen: dict[str, tuple[int | None, int | None]] = {}
-        self._geometry_lines: dict[str, bytes] = {}  # the loop writes it, the writer thread copies it
+        self._geometry_lines: dict[str, bytes] = {}
 
     # -- the request path ------------------------------------------------------------------------
     def record(
@@ -98,76 +115,73 @@ class Recorder:
         admitted: Admitted,
         served: Served,
     ) -> None:
-        """Format one finished request's line and queue it (``arrived``: ``clock()`` when it came in).
+        """Queue one finished request's fields (``arrived``: ``clock()`` when it came in); never blocks,
+        never raises.
 
-        Never blocks, never raises: a line that cannot be formatted is counted in :attr:`failed` and logged.
+        Primitives only, read off the request's objects (none of them is kept, nor the payload: its two
+        output limits, and its prompt text with ``include_text``); the line is formatted at the next
+        :meth:`flush`. The hash chain is turned into hex here, while its ints are still in the CPU's caches
+        (at the flush, 16 scattered ints cost 1-2 µs more to read).
         """
         payload = parsed.payload
-        entry: Entry = (
-            arrived,
-            self._clock(),
-            request.request_id,
-            parsed.api,
-            request.model,
-            parsed.stream,
-            request.block_tokens,
-            request.block_hashes,
-            request.prompt_tokens,
-            payload.get("max_completion_tokens"),
-            payload.get("max_tokens"),
-            admitted.window_id,
-            admitted.group_id,
-            admitted.role,
-            admitted.group_size,
-            admitted.waited_s,
-            served.endpoint,
-            served.outcome,
-            served.first_byte_at,
-            served.response_tail,
-            payload if self._include_text else None,
-            admitted.decision if self._decisions else None,
-        )
         try:
-            line = format_line(entry, self._wall_offset, self._bytes_per_token, self._include_text)
-        except Exception:  # a malformed entry must never reach the request path
+            entry: Entry = (
+                arrived,
+                self._clock(),
+                request.request_id,
+                parsed.api,
+                request.model,
+                parsed.stream,
+                request.block_tokens,
+                hex_chain(request.block_hashes),
+                request.prompt_tokens,
+                payload.get("max_completion_tokens"),
+                payload.get("max_tokens"),
+                admitted.window_id,
+                admitted.group_id,
+                admitted.role,
+                admitted.group_size,
+                admitted.waited_s,
+                served.endpoint,
+                served.outcome,
+                served.first_byte_at,
+                served.response_tail,
+                prompt_text_of(payload) if self._include_text else None,
+                admitted.decision if self._decisions else None,
+            )
+        except Exception:  # e.g. a hash past 64 bits: the request must never see it
             self._malformed += 1
-            log.exception("could not encode a recorded request")
+            log.exception("could not record a request")
             return
-        endpoint = served.endpoint
-        if self._geometry is not None and endpoint is not None:
-            self._note_geometry(endpoint, self._geometry(endpoint))
-        self._pending.append(line)
-
-    def _note_geometry(self, endpoint: str, geometry: tuple[int | None, int | None]) -> None:
-        """Queue ``endpoint``'s geometry line when it is new or changed (a dict lookup when it is not)."""
-        if self._geometry_seen.get(endpoint) == geometry:
-            return
-        self._geometry_seen[endpoint] = geometry
-        block_size, blocks = geometry
-        if block_size is not None and blocks is not None:
-            wall = self._clock() + self._wall_offset
-            line = format_replica_line(wall, endpoint, block_size, blocks)
-            self._geometry_lines[endpoint] = line
-            self._pending.append(line)
-
-    def _header(self) -> bytes:
-        """Every replica's latest geometry line, at the top of each rotated-in file (the writer thread)."""
-        return b"".join(list(self._geometry_lines.values()))  # list(): one C call under the GIL
+        self._queued.append(entry)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> Recorder:
         s = self._settings
         self._file = RotatingFile(s.path, s.max_bytes, s.backups, header=self._header)
-        self._thread = threading.Thread(target=self._run, name="burstsched-recorder", daemon=True)
-        self._thread.start()
         return self
 
+    async def run(self) -> None:
+        """Flush every ``flush_interval_ms`` until cancelled (a task of the app's lifespan).
+
+        The requests queued when a flush starts are formatted :data:`FLUSH_SLICE` at a time, the loop
+        serving requests between slices, and written in one write: a flush holds the loop about a
+        millisecond at a time, however busy the router was. Cancelled between slices, it leaves the
+        formatted lines for :meth:`close`.
+        """
+        interval = self._settings.flush_interval_ms / 1000.0
+        while True:
+            await anyio.sleep(interval)
+            count = len(self._queued)
+            while count > FLUSH_SLICE:
+                self._format(FLUSH_SLICE)
+                count -= FLUSH_SLICE
+                await anyio.lowlevel.checkpoint()
+            self._format(count)
+            self._write()
+
     def close(self) -> None:
-        """Write what is queued, stop the thread, close the file (blocking: call it from a thread)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Write what is queued and close the file."""
         self.flush()
         if self._file is not None:
             self._file.close()
@@ -175,32 +189,73 @@ class Recorder:
 
     @property
     def pending(self) -> int:
-        """Lines formatted and not yet written."""
-        return len(self._pending)
+        """Requests recorded and not yet written."""
+        return len(self._queued) + len(self._formatted)
 
     @property
     def failed(self) -> int:
         """Requests without a line: entries that could not be formatted, lines that could not be written."""
         return self._malformed + self._unwritten
 
-    # -- the writer thread -------------------------------------------------------------------------
-    def _run(self) -> None:
-        interval = self._settings.flush_interval_ms / 1000.0
-        while not self._stop.wait(interval):
-            self.flush()
-
+    # -- the batch ---------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Write every queued line in one write (the writer thread; :meth:`close` and tests call it too)."""
-        pending = self._pending
-        count = len(pending)  # the loop only appends: these lines stay at the left until taken
+        """Format every queued request and write the lines in one write (:meth:`close` and tests)."""
+        self._format(len(self._queued))
+        self._write()
+
+    def _format(self, count: int) -> None:
+        """Format the first ``count`` queued requests onto the lines to write."""
         if not count:
             return
-        data = b"".join(starmap(pending.popleft, repeat((), count)))  # C calls only, no frame per line
-        if self._file is None:
+        started = time.thread_time()
+        offset, bytes_per_token, with_text = self._wall_offset, self._bytes_per_token, self._include_text
+        lines = self._formatted
+        checked: set[str | None] = set()  # endpoints whose geometry this slice has compared
+        for entry in starmap(self._queued.popleft, repeat((), count)):  # C calls only to take them
+            try:
+                line = format_line(entry, offset, bytes_per_token, with_text)
+            except Exception:  # a malformed entry must never stop the others
+                self._malformed += 1
+                log.exception("could not encode a recorded request")
+                continue
+            endpoint = entry[ENDPOINT]
+            if endpoint not in checked:
+                checked.add(endpoint)
+                line = self._geometry_line(endpoint) + line
+            lines.append(line)
+        self.flush_cpu_s += time.thread_time() - started
+
+    def _write(self) -> None:
+        """Append the formatted lines to the file in one write."""
+        lines = self._formatted
+        if not lines or self._file is None:
             return
+        started = time.thread_time()
+        self._formatted = []
         try:
-            self._file.write(data)
-            self.written += count
+            self._file.write(b"".join(lines))
+            self.written += len(lines)
         except OSError as exc:
-            self._unwritten += count
-            log.warning("recording: could not write %d lines to %s: %s", count, self._file.path, exc)
+            self._unwritten += len(lines)
+            log.warning("recording: could not write %d lines to %s: %s", len(lines), self._file.path, exc)
+        self.flush_cpu_s += time.thread_time() - started
+
+    def _geometry_line(self, endpoint: str | None) -> bytes:
+        """``endpoint``'s geometry line when it is new or has changed since the last one, else b"" (also
+        while it is unknown); the latest is kept for the rotation header."""
+        if self._geometry is None or endpoint is None:
+            return b""
+        geometry = self._geometry(endpoint)
+        if self._geometry_seen.get(endpoint) == geometry:
+            return b""
+        self._geometry_seen[endpoint] = geometry
+        block_size, blocks = geometry
+        if block_size is None or blocks is None:
+            return b""
+        line = format_replica_line(self._clock() + self._wall_offset, endpoint, block_size, blocks)
+        self._geometry_lines[endpoint] = line
+        return line
+
+    def _header(self) -> bytes:
+        """Every replica's latest geometry line, at the top of each rotated-in file."""
+        return b"".join(self._geometry_lines.values())

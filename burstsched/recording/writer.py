@@ -1,5 +1,5 @@
 """A JSONL file rotated by size: ``path`` → ``path.1`` → ``path.2``… up to ``backups`` (blocking I/O; the
-recorder calls it from its writer thread only)."""
+recorder calls it from its flush, on the event loop)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from burstsched.admission import Admitted, Role
@@ -24,6 +26,7 @@ from burstsched.framework import (
 )
 from burstsched.recording import LINE_VERSION, Recorder, RotatingFile, Usage, hex_chain, parse_chain, usage_of
 from burstsched.recording.line import Entry, format_line
+from burstsched.recording.recorder import FLUSH_SLICE
 
 EXPECTED_FIELDS = {
     "v", "t", "id", "api", "model", "stream", "block_tokens", "bytes_per_token", "blocks", "prompt_tokens",
@@ -127,10 +130,11 @@ def test_the_file_rotates_by_size_and_keeps_its_backups(tmp_path: Path) -> None:
 
 
 def test_a_burst_is_queued_without_blocking_and_every_line_is_written(tmp_path: Path) -> None:
-    recorder = _recorder(tmp_path, flush_interval_ms=10_000).start()  # the thread will not flush by itself
+    recorder = _recorder(tmp_path).start()  # nothing flushes before close(): run() is not running
     for index in range(20_000):
         _record(recorder, index)
     assert recorder.pending == 20_000  # record() only queued them
+    assert not (tmp_path / "trace.jsonl").read_bytes()
     recorder.close()
     lines = _lines(tmp_path / "trace.jsonl")
     assert [line["id"] for line in lines] == [f"r{i}" for i in range(20_000)]
@@ -147,7 +151,7 @@ def _entry(**fields: Any) -> Entry:
         "model": "m",
         "stream": False,
         "block_tokens": 64,
-        "block_hashes": (1, 2**64 - 1),
+        "blocks": hex_chain((1, 2**64 - 1)),
         "prompt_tokens": 130,
         "max_completion_tokens": None,
         "max_tokens": 8,
@@ -160,7 +164,7 @@ def _entry(**fields: Any) -> Entry:
         "outcome": "ok",
         "first_byte_at": 10.25,
         "response_tail": b'{"usage":{"prompt_tokens":130,"completion_tokens":8,"total_tokens":138}}',
-        "payload": None,
+        "text": None,
         "decision": None,
         **fields,
     }
@@ -173,7 +177,7 @@ def _entry(**fields: Any) -> Entry:
         {},
         {"request_id": 'q"\\\n\x01 é 漢 \U0001f600', "model": "a/b\tc", "endpoint": "ü"},
         {"window": None, "group": None, "endpoint": None, "first_byte_at": None, "role": Role.BYPASS},
-        {"max_completion_tokens": 5, "max_tokens": 9, "response_tail": b"", "block_hashes": ()},
+        {"max_completion_tokens": 5, "max_tokens": 9, "response_tail": b"", "blocks": ""},
         {"max_completion_tokens": "5", "max_tokens": True, "stream": True, "api": ApiKind.COMPLETIONS},
     ],
 )
@@ -181,13 +185,13 @@ def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[st
     """format_line writes by hand what json.dumps would write of the line's dict: same keys in the same
     order, same values (times rounded to the µs), escaped strings, null for what is missing."""
     entry = _entry(**fields)
-    (arrived, ended, rid, api, model, stream, block_tokens, hashes, prompt, mct, mt, window, group, role,
+    (arrived, ended, rid, api, model, stream, block_tokens, blocks, prompt, mct, mt, window, group, role,
      size, waited, endpoint, outcome, first, tail, _payload, _decision) = entry  # fmt: skip
     counts = usage_of(tail)
     limit = mct if type(mct) is int else mt if type(mt) is int else None
     expected = {
         "v": LINE_VERSION, "t": round(arrived + 1000.0, 6), "id": rid, "api": str(api), "model": model,
-        "stream": stream, "block_tokens": block_tokens, "bytes_per_token": 4, "blocks": hex_chain(hashes),
+        "stream": stream, "block_tokens": block_tokens, "bytes_per_token": 4, "blocks": blocks,
         "prompt_tokens": prompt, "input_tokens": counts.input_tokens, "cached_tokens": counts.cached_tokens,
         "max_tokens": limit, "output_tokens": counts.output_tokens, "window": window, "group": group,
         "role": str(role), "group_size": size, "waited_ms": round(waited * 1000, 3), "endpoint": endpoint,
@@ -199,7 +203,7 @@ def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[st
     line = json.loads(raw)
     assert list(line) == list(expected)
     assert line == expected
-    with_text = format_line(_entry(**fields, payload={"prompt": "p \u2028"}), 1000.0, 4, with_text=True)
+    with_text = format_line(_entry(**fields, text="p \u2028"), 1000.0, 4, with_text=True)
     assert json.loads(with_text) == {**expected, "text": "p \u2028"}
 
 
@@ -209,8 +213,7 @@ def test_the_line_is_byte_for_byte_the_v1_line() -> None:
         b'data: {"usage":{"prompt_tokens":130,"total_tokens":138,"completion_tokens":8,'
         b'"prompt_tokens_details":{"cached_tokens":64}}}\n\ndata: [DONE]\n\n'
     )
-    payload = {"messages": [{"role": "user", "content": "h\u00e9"}]}
-    entry = _entry(stream=True, response_tail=tail, payload=payload)
+    entry = _entry(stream=True, response_tail=tail, text=[{"role": "user", "content": "h\u00e9"}])
     line = (
         b'{"v":1,"t":1700000010.000000,"id":"r0","api":"chat","model":"m","stream":true,"block_tokens":64,'
         b'"bytes_per_token":4,"blocks":"0000000000000001ffffffffffffffff","prompt_tokens":130,'
@@ -240,8 +243,9 @@ class _Payload(dict[str, Any]):
 
 @pytest.mark.parametrize("include_text", [False, True])
 def test_a_queued_request_keeps_nothing_of_the_request_alive(tmp_path: Path, include_text: bool) -> None:
-    """record() queues the finished line: not the payload, even for its text."""
-    recorder = _recorder(tmp_path, include_text=include_text, flush_interval_ms=10_000).start()
+    """record() keeps nothing of the payload until the flush but what the line needs (its text only with
+    include_text)."""
+    recorder = _recorder(tmp_path, include_text=include_text).start()
     payload = _Payload(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=4)
     watched = weakref.ref(payload)
     request = SchedRequest("r0", "m", ApiKind.CHAT, False, (7,), 64, 1)
@@ -259,17 +263,21 @@ def test_a_queued_request_keeps_nothing_of_the_request_alive(tmp_path: Path, inc
 def test_a_request_that_cannot_be_encoded_is_counted_and_logged_never_raised(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    recorder = _recorder(tmp_path, flush_interval_ms=10_000).start()
+    recorder = _recorder(tmp_path).start()
     _record(recorder, 0)
     bad = SchedRequest(None, "m", ApiKind.CHAT, True, (1,), 64, 64)  # type: ignore[arg-type]  # no str id
-    with caplog.at_level(logging.ERROR, logger="burstsched.recording.recorder"):
-        recorder.record(99.5, _Parsed({}), bad, _admitted(), Served("e0", "ok", 99.75))
+    recorder.record(99.5, _Parsed({}), bad, _admitted(), Served("e0", "ok", 99.75))
     _record(recorder, 2)
-    assert recorder.failed == 1 and recorder.pending == 2
+    assert recorder.failed == 0 and recorder.pending == 3  # formatted at the flush
+    too_wide = SchedRequest("r3", "m", ApiKind.CHAT, True, (2**64,), 64, 64)  # no 64-bit hash
+    with caplog.at_level(logging.ERROR, logger="burstsched.recording.recorder"):
+        recorder.record(99.5, _Parsed({}), too_wide, _admitted(), Served("e0", "ok", 99.75))
+        assert recorder.failed == 1 and recorder.pending == 3
+        assert "could not record a request" in caplog.text
+        recorder.close()
     assert "could not encode a recorded request" in caplog.text
-    recorder.close()
     assert [line["id"] for line in _lines(tmp_path / "trace.jsonl")] == ["r0", "r2"]
-    assert recorder.written == 2 and recorder.failed == 1
+    assert recorder.written == 2 and recorder.failed == 2
 
 
 class _Geometry:
@@ -290,8 +298,10 @@ def test_a_replica_geometry_line_comes_before_its_first_request_and_again_when_i
     recorder = Recorder(config, PrefixHashingConfig(), clock=_Clock(), geometry=geometry).start()
     for index in range(3):
         _record(recorder, index)
+    recorder.flush()  # the geometry is read when the lines are formatted
     geometry.known["e0"] = (128, 80)  # the replica restarted with a smaller cache
     _record(recorder, 3)
+    recorder.flush()
     geometry.known["e0"] = (None, None)  # not scraped yet: nothing to say
     _record(recorder, 4)
     recorder.close()
@@ -352,3 +362,26 @@ def test_the_recorder_writes_decisions_only_when_asked(tmp_path: Path) -> None:
         assert ("decision" in line) is decisions
         if decisions:
             assert [c["endpoint"] for c in line["decision"]] == ["e0"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_flush_lets_the_loop_run_between_slices_and_a_cancelled_one_loses_nothing(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    recorder = _recorder(tmp_path, flush_interval_ms=1).start()
+    total = FLUSH_SLICE * 4 + 3
+    for index in range(total):
+        _record(recorder, index)
+    seen_mid_flush = False
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(recorder.run)
+            while not seen_mid_flush:
+                await anyio.lowlevel.checkpoint()
+                # a slice formatted (its CPU counted), nothing written yet: the flush gave the loop a turn
+                seen_mid_flush = recorder.flush_cpu_s > 0 and recorder.written == 0
+            tg.cancel_scope.cancel()
+    assert recorder.written == 0 and recorder.pending == total
+    recorder.close()
+    assert [line["id"] for line in _lines(tmp_path / "trace.jsonl")] == [f"r{i}" for i in range(total)]

@@ -29,8 +29,7 @@ TIMINGS = (
     "loop_on_us",
     "diff_median_us",
     "diff_p90_us",
-    "writer_per_line_us",
-    "writer_idle_us_per_s",
+    "flush_per_line_us",
     "total_us",
 )
 
@@ -65,8 +64,7 @@ def test_missing_or_stray_lines_and_errors_make_a_run_invalid() -> None:
         loop_on_us=1,
         diff_median_us=0,
         diff_p90_us=0,
-        writer_per_line_us=1,
-        writer_idle_us_per_s=0,
+        flush_per_line_us=1,
         total_us=1,
         target_us=10,
         passed=True,
