@@ -44,7 +44,7 @@ from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "trace", nargs="+", type=Path, help="recorded JSONL file(s), rotated ones oldest first"
+        "trace", nargs="+", type=Path, help="recorded JSONL file(s), rotated ones oldest first (.gz: gzip)"
     )
     parser.add_argument("--config", action="append", type=Path, default=[], help="a router config (repeat)")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="a grid axis")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from burstsched.recording import LINE_VERSION, REPLICA_KIND, parse_chain
 from burstsched.workloads.stats import percentile, ratio
@@ -47,9 +49,17 @@ class ReplicaGeometry:
     num_gpu_blocks: int
 
 
+def _open(path: str | Path) -> TextIO:
+    """A trace file for reading; one whose name ends in ``.gz`` is read through gzip (a rotated file
+    compressed by logrotate, a trace kept in a repository)."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")  # noqa: SIM115 - the caller's with closes it
+
+
 def _lines(paths: Sequence[str | Path]) -> Iterator[dict[str, object]]:
     for path in paths:
-        with open(path, encoding="utf-8") as handle:
+        with _open(path) as handle:
             for number, text in enumerate(handle, 1):
                 if not text.strip():
                     continue

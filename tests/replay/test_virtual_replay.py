@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
@@ -159,6 +160,17 @@ def test_the_replicas_kv_caches_come_from_the_trace_unless_the_flags_say_otherwi
     assert cache("--block-size", "16") == (120, 16)  # as many tokens as recorded
     assert cache("--block-size", "16", "--kv-blocks", "500") == (500, 16)
     assert cache(found={}) == (None, 16)  # an older trace: the simulator's defaults
+
+
+def test_a_gzipped_trace_reads_as_the_plain_one(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    _write_trace(trace, count=5)
+    replica = {"v": 1, "kind": "replica", "t": 1.7e9, "replica": "e0", "block_size": 32, "num_gpu_blocks": 9}
+    trace.write_text(json.dumps(replica) + "\n" + trace.read_text())
+    packed = tmp_path / "trace.jsonl.gz"
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+    assert read_trace([packed]) == read_trace([trace]) and len(read_trace([packed])) == 5
+    assert read_replicas([packed]) == read_replicas([trace]) == {"e0": ReplicaGeometry(32, 9)}
 
 
 def test_record_dir_keeps_each_replayed_router_s_requests_and_decisions(
