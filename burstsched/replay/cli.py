@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -40,6 +41,7 @@ from burstsched.replay.trace import (
     summarize_trace,
 )
 from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all
+from burstsched.sim import CostModel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-calibrate",
         action="store_true",
         help="keep the simulator's default speed instead of fitting it to the trace's recorded TTFTs",
+    )
+    parser.add_argument(
+        "--metrics-render-ms",
+        type=float,
+        default=0.0,
+        help="what each /metrics GET costs a replica: it holds the API server's loop and the engine's core "
+        "this long (vLLM on CPU: 6-12 ms). Default 0: scrapes are free. A trace recorded with a short "
+        "scrape interval already carries the cost in its fitted step times",
     )
     parser.add_argument("--speed", type=float, default=1.0, help="arrival-rate multiplier (default 1)")
     parser.add_argument(
@@ -229,6 +239,17 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("burstsched replay: --jobs must be at least 1", file=sys.stderr)
         return 2
+    if args.metrics_render_ms < 0:
+        print("burstsched replay: --metrics-render-ms must be at least 0", file=sys.stderr)
+        return 2
+    cost = None if calibration is None else calibration.cost
+    if args.metrics_render_ms > 0:
+        cost = replace(cost or CostModel(), metrics_render_s=args.metrics_render_ms / 1000.0)
+    elif len({config.pool.scrape_interval_ms for _, config in configs}) > 1:
+        print(
+            "note: the configs scrape /metrics at different intervals, and each scrape costs the simulated "
+            "replicas nothing: set --metrics-render-ms (vLLM on CPU: 6-12 ms a scrape)"
+        )
     if args.record_dir is not None and args.realtime:
         print("burstsched replay: --record-dir replays on virtual time only", file=sys.stderr)
         return 2
@@ -254,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         block_size=block_size,
         max_num_batched_tokens=args.max_batched_tokens,
         max_num_seqs=args.max_num_seqs,
-        cost=None if calibration is None else calibration.cost,
+        cost=cost,
         record_dir=args.record_dir,
     )
     placement, results, skipped, elapsed = _replay(args, configs, requests, options)

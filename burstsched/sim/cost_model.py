@@ -58,7 +58,13 @@ class CostModel:
     jitter: float = 0.0
     """Spread of each request's front-end duration: it is multiplied by ``exp(jitter x Z)``, ``Z`` standard
     normal (a median of 1). 0, the default: every duration is the model's. Real vLLM on CPU varies from one
-    request to the next (0.66-0.98 fitted by the replay's calibration on four traces)."""
+    request to the next (0.54-0.98 fitted by the replay's calibration on five traces)."""
+    metrics_render_s: float = 0.0
+    """The API server's time to render ``/metrics`` for one GET. vLLM renders its ~50 KB page on the event
+    loop that also takes requests in, so each render holds that loop (a request's front-end work ends no
+    sooner than the loop is free), and a CPU replica's engine, sharing the core, loses the same time from
+    the step in progress. 0, the default: scrapes are free. vLLM on this machine's CPU: 6-12 ms
+    (``loadtests/vllm_scrape_cost.py``)."""
 
     def __post_init__(self) -> None:
         names = (
@@ -68,6 +74,7 @@ class CostModel:
             "frontend_s_per_prompt_token",
             "load_slowdown",
             "jitter",
+            "metrics_render_s",
         )
         for name in names:
             if getattr(self, name) < 0:

@@ -222,6 +222,8 @@ class Engine:
         self._resets: list[tuple[bool, asyncio.Future[bool]]] = []
         self._wakeup = asyncio.Event()
         self._busy_until: float | None = None
+        self._in_step = False
+        self._stolen_s = 0.0  # the core's time taken by other work during the current step
         self._closed = False
         self.num_steps = 0
 
@@ -299,12 +301,26 @@ class Engine:
                 # after a stall of the event loop the engine catches up at most _MAX_LAG_S.
                 start = now if self._busy_until is None else max(self._busy_until, now - _MAX_LAG_S)
                 end = start + duration
-                await self.clock.sleep_until(end)
+                self._in_step = True
+                try:
+                    await self.clock.sleep_until(end)
+                    while self._stolen_s > 0:  # other work took the core meanwhile: the step ends later
+                        end += self._stolen_s
+                        self._stolen_s = 0.0
+                        await self.clock.sleep_until(end)
+                finally:
+                    self._in_step = False
                 self._busy_until = end
                 self._finish_step(plan)
                 self._publish()
         finally:
             self._shutdown()
+
+    def steal(self, seconds: float) -> None:
+        """Other work on the engine's core took ``seconds`` (the API server rendering ``/metrics``, when the
+        two share a core): the step in progress ends that much later; an idle engine loses nothing."""
+        if self._in_step:
+            self._stolen_s += seconds
 
     def close(self) -> None:
         """Refuse new requests and end every request in flight (its stream gets ``abort``)."""

@@ -93,6 +93,10 @@ class SimState:
     None, an unknown peer (an in-process transport), is left alone."""
     recorded: list[RecordedRequest] | None = None
     """Where inference requests are recorded as they arrive; None: not recorded."""
+    api_loop_free_at: float = 0.0
+    """When the API server's event loop is next free of ``/metrics`` renders (``cost.metrics_render_s``)."""
+    api_loop_rendered_s: float = 0.0
+    """The loop's time spent rendering ``/metrics`` so far (counted when a render starts)."""
 
 
 class SeededTokens:
@@ -226,6 +230,7 @@ class _Handlers:
 
     async def _inference(self, request: Request, kind: Kind) -> Response:
         arrival = self.s.clock.now()
+        rendered_before = self.s.api_loop_rendered_s
         if self.s.recorded is not None:
             self.s.recorded.append(RecordedRequest(request.method, request.url.path, dict(request.headers)))
         header_id = request.headers.get("x-request-id")
@@ -257,6 +262,11 @@ class _Handlers:
         frontend *= self.s.jitter.factor()
         if frontend > 0:
             await self.s.clock.sleep_until(arrival + frontend)
+        # /metrics renders that held the loop meanwhile delay the front end's work by as much
+        held = self.s.api_loop_rendered_s - rendered_before
+        ready = max(arrival + frontend + held, self.s.api_loop_free_at)
+        if ready > self.s.clock.now():
+            await self.s.clock.sleep_until(ready)
         req = self._engine_request(prepared, arrival)
         try:
             self.s.engine.add_request(req)
@@ -494,6 +504,13 @@ class _Handlers:
             num_waiting=engine.num_waiting,
             kv_cache_usage=engine.kv_cache_usage,
         )
+        render = self.s.config.cost.metrics_render_s * self.s.config.time_scale
+        if render > 0:  # the render holds the API server's loop, and the core its engine shares
+            start = max(self.s.clock.now(), self.s.api_loop_free_at)
+            self.s.api_loop_free_at = start + render
+            self.s.api_loop_rendered_s += render
+            engine.steal(render)
+            await self.s.clock.sleep_until(self.s.api_loop_free_at)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def reset_prefix_cache(self, request: Request) -> Response:

@@ -173,6 +173,29 @@ def test_a_gzipped_trace_reads_as_the_plain_one(tmp_path: Path) -> None:
     assert read_replicas([packed]) == read_replicas([trace]) == {"e0": ReplicaGeometry(32, 9)}
 
 
+def test_metrics_render_ms_prices_each_scrape_and_its_absence_is_noted_when_intervals_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    _write_trace(trace, count=4)
+    configs = []
+    for interval in (50, 1000):
+        config = yaml.safe_load((REPO / "config" / "default.yaml").read_text())
+        config["pool"]["scrape_interval_ms"] = interval
+        path = tmp_path / f"scrape-{interval}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        configs += ["--config", str(path)]
+    parser = _replay_parser()
+    common = [str(trace), *configs, "--jobs", "1", "--no-calibrate"]
+    for render, noted in (("0", True), ("12", False)):
+        out = tmp_path / f"out-{render}"
+        assert run(parser.parse_args([*common, "--metrics-render-ms", render, "--out", str(out)])) == 0
+        assert ("each scrape costs the simulated replicas nothing" in capsys.readouterr().out) is noted
+        cost = json.loads((out / "replay.json").read_text())["options"]["cost"]
+        assert (cost is None) if noted else cost["metrics_render_s"] == pytest.approx(0.012)
+    assert run(parser.parse_args([*common, "--metrics-render-ms", "-1"])) == 2
+
+
 def test_record_dir_keeps_each_replayed_router_s_requests_and_decisions(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,16 +1,24 @@
-"""The cost model's step: linear in its work, and on a CPU replica slower for every sequence it serves."""
+"""The cost model's step: linear in its work, and on a CPU replica slower for every sequence it serves;
+a /metrics render holds the API server's loop and the engine's core."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import statistics
+from collections.abc import Awaitable
 
+import httpx
 import pytest
 
+from burstsched.admission.clock import LoopClock
+from burstsched.replay.virtual_time import run_virtual
+from burstsched.sim.config import SimConfig
 from burstsched.sim.cost_model import CostModel, Jitter
+from burstsched.sim.inprocess import InProcessReplica
 
-from .engine_helpers import running_engine, tokens
+from .engine_helpers import running_engine, tokens, wait_until
 
 COST = CostModel(step_overhead_s=0.01, prefill_s_per_token=0.001, decode_s_per_seq=0.002)
 
@@ -71,3 +79,63 @@ def test_jitter_draws_median_one_factors_of_its_spread_and_none_without_it() -> 
     assert [first.factor() for _ in range(5)] == [again.factor() for _ in range(5)]
     with pytest.raises(ValueError, match="jitter"):
         CostModel(jitter=-0.1)
+
+
+@pytest.mark.anyio
+async def test_a_render_during_a_step_lengthens_it_and_one_while_idle_costs_nothing() -> None:
+    """``Engine.steal``: a /metrics render on the engine's core pushes the step in progress back by its
+    length; the engine loses nothing to a render while it has no step."""
+    cost = CostModel(step_overhead_s=0.01, prefill_s_per_token=0.0, decode_s_per_seq=0.0)
+    finished: dict[bool, float] = {}
+    for stolen in (False, True):
+        async with running_engine(block_size=4, max_num_batched_tokens=64, cost=cost) as h:
+            h.engine.steal(0.5)  # idle
+            a = h.request("a", tokens(1, 8), max_tokens=4)
+            start = h.clock.now()
+            h.add(a)
+            if stolen:
+                await wait_until(lambda a=a: a.first_token_time is not None)  # type: ignore[misc]
+                h.engine.steal(0.003)  # during the second step
+            await h.finish(a)
+            assert a.finished_time is not None
+            finished[stolen] = a.finished_time - start
+    assert finished[False] == pytest.approx(0.04)  # four steps of 10 ms
+    assert finished[True] == pytest.approx(0.043)
+
+
+def _served_after_a_scrape(render_s: float) -> tuple[float, float]:
+    """On virtual time: a replica's /metrics is fetched, and a chat request arrives 1 ms into the fetch;
+    (the scrape's duration, the request's) in seconds."""
+    config = SimConfig(
+        cost=CostModel(frontend_s_per_prompt_token=1e-5, metrics_render_s=render_s),
+        kv_events_endpoint=None,
+    )
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        async with InProcessReplica(config, name="r0", clock=LoopClock()) as replica:
+            transport = httpx.ASGITransport(app=replica.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://r0") as http:
+
+                async def timed(coro: Awaitable[httpx.Response]) -> float:
+                    start = loop.time()
+                    (await coro).raise_for_status()
+                    return loop.time() - start
+
+                scrape = asyncio.create_task(timed(http.get("/metrics")))
+                await asyncio.sleep(0.001)
+                body = {"model": config.served_model_name, "prompt": "one two three", "max_tokens": 2}
+                request = await timed(http.post("/v1/completions", json=body))
+                return await scrape, request
+
+    return run_virtual(main)
+
+
+def test_a_metrics_render_holds_the_api_loop_and_slows_a_request_arriving_meanwhile() -> None:
+    scrape_free, request_free = _served_after_a_scrape(0.0)
+    scrape, request = _served_after_a_scrape(0.05)
+    assert scrape_free == pytest.approx(0.0, abs=1e-6) and scrape == pytest.approx(0.05, abs=1e-6)
+    # the request's front end ends when the loop is free, 49 ms after it came (the engine was idle)
+    assert request - request_free == pytest.approx(0.049, abs=0.002)
+    with pytest.raises(ValueError, match="metrics_render_s"):
+        CostModel(metrics_render_s=-0.001)
