@@ -33,8 +33,10 @@ from burstsched.replay.report import (
 from burstsched.replay.runner import DEFAULT_BLOCK_SIZE, ReplayOptions, ReplayResult, replay_one
 from burstsched.replay.sweep import SweepError, grid, parse_axis
 from burstsched.replay.trace import (
+    LONG_GAP_S,
     ReplicaGeometry,
     TracedRequest,
+    longest_gap,
     read_replicas,
     read_trace,
     simulated_cache,
@@ -227,6 +229,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.max_requests is not None:
         requests = requests[: args.max_requests]
+    gap, after = longest_gap(requests)
+    if gap >= LONG_GAP_S:
+        print(
+            f"note: the trace pauses {gap / 3600.0:.1f} h before request {after + 1} of {len(requests)}: "
+            "recordings of different runs in one file (the recorder appends)? Each replays best apart"
+        )
     kv_blocks, block_size = simulated_kv_cache(args, read_replicas(args.trace))
     if not requests:
         print("burstsched replay: the trace holds no request", file=sys.stderr)

@@ -139,6 +139,21 @@ class TraceSummary:
     requests_per_endpoint: dict[str, int]
 
 
+LONG_GAP_S = 3600.0
+"""A pause between two recorded arrivals this long suggests recordings of different runs in one file."""
+
+
+def longest_gap(requests: Sequence[TracedRequest]) -> tuple[float, int]:
+    """The longest pause between consecutive arrivals (seconds) and the index of the request after it;
+    (0.0, 0) for fewer than two requests. ``requests`` sorted by arrival, as :func:`read_trace` gives them."""
+    gap, after = 0.0, 0
+    for index in range(1, len(requests)):
+        pause = requests[index].t - requests[index - 1].t
+        if pause > gap:
+            gap, after = pause, index
+    return gap, after
+
+
 def summarize_trace(requests: Iterable[TracedRequest]) -> TraceSummary:
     items = list(requests)
     counted = [r for r in items if r.input_tokens is not None and r.cached_tokens is not None]

@@ -14,7 +14,7 @@ from burstsched.config import RouterConfig
 from burstsched.replay.cli import add_arguments, run, simulated_kv_cache
 from burstsched.replay.rebuild import rebuild_prompts
 from burstsched.replay.runner import ReplayOptions
-from burstsched.replay.trace import ReplicaGeometry, read_replicas, read_trace
+from burstsched.replay.trace import ReplicaGeometry, longest_gap, read_replicas, read_trace
 from burstsched.replay.virtual_run import RecordedPlacement, replay_virtual_all, run_config
 
 from .test_replay_run import _write_trace
@@ -194,6 +194,26 @@ def test_metrics_render_ms_prices_each_scrape_and_its_absence_is_noted_when_inte
         cost = json.loads((out / "replay.json").read_text())["options"]["cost"]
         assert (cost is None) if noted else cost["metrics_render_s"] == pytest.approx(0.012)
     assert run(parser.parse_args([*common, "--metrics-render-ms", "-1"])) == 2
+
+
+def test_two_recordings_in_one_file_are_noted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The recorder appends: a file can hold an earlier run's requests hours before this run's."""
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    _write_trace(first, count=3)
+    _write_trace(second, count=3)
+    lines = [json.loads(line) for line in second.read_text().splitlines()]
+    later = "".join(json.dumps({**line, "t": line["t"] + 7200.0}) + "\n" for line in lines)
+    both = tmp_path / "trace.jsonl"
+    both.write_text(first.read_text() + later)
+    requests = read_trace([both])
+    gap, after = longest_gap(requests)
+    assert gap == pytest.approx(7200.0 - 0.4) and after == 3
+    parser = _replay_parser()
+    for trace, noted in ((first, False), (both, True)):
+        out = tmp_path / f"out-{trace.stem}"
+        args = parser.parse_args([str(trace), "--jobs", "1", "--no-calibrate", "--out", str(out)])
+        assert run(args) == 0
+        assert ("the trace pauses 2.0 h before request 4 of 6" in capsys.readouterr().out) is noted
 
 
 def test_record_dir_keeps_each_replayed_router_s_requests_and_decisions(
