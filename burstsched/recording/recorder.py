@@ -118,10 +118,11 @@ class Recorder:
         """Queue one finished request's fields (``arrived``: ``clock()`` when it came in); never blocks,
         never raises.
 
-        Primitives only, read off the request's objects (none of them is kept, nor the payload: its two
-        output limits, and its prompt text with ``include_text``); the line is formatted at the next
-        :meth:`flush`. The hash chain is turned into hex here, while its ints are still in the CPU's caches
-        (at the flush, 16 scattered ints cost 1-2 µs more to read).
+        Primitives only, read off the request's objects (none of them is kept but the decision, with
+        ``decisions``; of the payload only its two output limits, and its prompt text with
+        ``include_text``); the line is formatted at the next :meth:`flush`. The hash chain is turned into
+        hex here, while its ints are still in the CPU's caches (at the flush, 16 scattered ints cost 1-2 µs
+        more to read).
         """
         payload = parsed.payload
         try:

@@ -213,7 +213,24 @@ def simulated_kv_cache(args: argparse.Namespace, found: dict[str, ReplicaGeometr
     return kv_blocks, block_size
 
 
+def _flag_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags by themselves, checked before the trace is read and fitted."""
+    if args.jobs is not None and args.jobs < 1:
+        return "--jobs must be at least 1"
+    if args.metrics_render_ms < 0:
+        return "--metrics-render-ms must be at least 0"
+    if args.record_dir is not None and args.realtime:
+        return "--record-dir replays on virtual time only"
+    if args.recorded_placement and args.realtime:
+        return "--recorded-placement replays on virtual time only"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    error = _flag_error(args)
+    if error is not None:
+        print(f"burstsched replay: {error}", file=sys.stderr)
+        return 2
     try:
         configs = _configs(args)
     except (ConfigError, SweepError) as exc:
@@ -244,12 +261,6 @@ def run(args: argparse.Namespace) -> int:
         print(calibration.describe())
     elif not args.no_calibrate:
         print("too few recorded TTFTs to calibrate: the simulator keeps its default speed")
-    if args.jobs is not None and args.jobs < 1:
-        print("burstsched replay: --jobs must be at least 1", file=sys.stderr)
-        return 2
-    if args.metrics_render_ms < 0:
-        print("burstsched replay: --metrics-render-ms must be at least 0", file=sys.stderr)
-        return 2
     cost = None if calibration is None else calibration.cost
     if args.metrics_render_ms > 0:
         cost = replace(cost or CostModel(), metrics_render_s=args.metrics_render_ms / 1000.0)
@@ -258,13 +269,7 @@ def run(args: argparse.Namespace) -> int:
             "note: the configs scrape /metrics at different intervals, and each scrape costs the simulated "
             "replicas nothing: set --metrics-render-ms (vLLM on CPU: 6-12 ms a scrape)"
         )
-    if args.record_dir is not None and args.realtime:
-        print("burstsched replay: --record-dir replays on virtual time only", file=sys.stderr)
-        return 2
     if args.recorded_placement:
-        if args.realtime:
-            print("burstsched replay: --recorded-placement replays on virtual time only", file=sys.stderr)
-            return 2
         endpoints = {r.endpoint for r in requests if r.endpoint is not None}
         if len(endpoints) > args.replicas:
             print(
