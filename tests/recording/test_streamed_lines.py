@@ -24,7 +24,7 @@ from burstsched.server.serve import running_router
 
 MODEL = "m"
 TOKENS = 300
-"""Content events per stream: about 40 KiB, far more than the 2 KiB the router keeps of a stream's end."""
+"""Content events per stream: about 40 KiB, far more than the 2 KiB a router keeps at most of its end."""
 USAGE = {
     "prompt_tokens": 812,
     "total_tokens": 812 + TOKENS,
@@ -73,6 +73,7 @@ SPLITS: dict[str, Callable[[list[bytes]], list[bytes]]] = {
     "1000-byte reads across events": lambda events: _pieces(b"".join(events), 1000),
     "tiny reads at the end": _tiny_end,
     "random cuts": lambda events: _random_cuts(b"".join(events), random.Random(7)),
+    "128-byte reads (the least the router keeps by reference)": lambda events: _pieces(b"".join(events), 128),
     "cuts at the kept reads' bounds": lambda events: _random_cuts(
         b"".join(events), random.Random(8), (1, 127, 128, 2047, 2048, 5000)
     ),
@@ -83,7 +84,7 @@ SPLITS: dict[str, Callable[[list[bytes]], list[bytes]]] = {
 
 def _long_then_bytes(data: bytes, short: int) -> list[bytes]:
     """Reads of 2.5 KiB, each followed by ``short`` 1-byte reads; the stream's last 700 bytes in 1-byte
-    reads (the router keeps reads of 2 KiB and more, and reads under 128 bytes, apart from the others)."""
+    reads (the router joins reads under 128 bytes to the read before them, keeping 2 KiB at most)."""
     head, end = data[:-700], data[-700:]
     reads: list[bytes] = []
     at = 0
