@@ -208,22 +208,33 @@ def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[st
 
 
 def test_the_line_is_byte_for_byte_the_v1_line() -> None:
-    """The line format's bytes, pinned: a faster format_line must write exactly these."""
+    """The line format's bytes, pinned: keys in this order, no spaces, text left as UTF-8, a float as the
+    shortest text that reads back as its value (``250.0``; before the lines were encoded by msgspec they
+    were written with a fixed count of decimals, ``250.000``: the same value to a JSON reader)."""
     tail = (
         b'data: {"usage":{"prompt_tokens":130,"total_tokens":138,"completion_tokens":8,'
         b'"prompt_tokens_details":{"cached_tokens":64}}}\n\ndata: [DONE]\n\n'
     )
     entry = _entry(stream=True, response_tail=tail, text=[{"role": "user", "content": "h\u00e9"}])
     line = (
-        b'{"v":1,"t":1700000010.000000,"id":"r0","api":"chat","model":"m","stream":true,"block_tokens":64,'
+        b'{"v":1,"t":1700000010.0,"id":"r0","api":"chat","model":"m","stream":true,"block_tokens":64,'
         b'"bytes_per_token":4,"blocks":"0000000000000001ffffffffffffffff","prompt_tokens":130,'
         b'"input_tokens":130,"cached_tokens":64,"max_tokens":8,"output_tokens":8,"window":3,"group":"3.0",'
-        b'"role":"member","group_size":2,"waited_ms":4.123,"endpoint":"e0","outcome":"ok","ttft_ms":250.000,'
-        b'"e2e_ms":500.000'
+        b'"role":"member","group_size":2,"waited_ms":4.123,"endpoint":"e0","outcome":"ok","ttft_ms":250.0,'
+        b'"e2e_ms":500.0'
     )
     assert format_line(entry, 1_700_000_000.0, 4, with_text=False) == line + b"}\n"
     text = ',"text":[{"role":"user","content":"h\u00e9"}]}\n'.encode()
     assert format_line(entry, 1_700_000_000.0, 4, with_text=True) == line + text
+
+
+def test_times_are_rounded_to_the_microsecond() -> None:
+    entry = _entry(arrived=10.0000004, ended=10.5000011, first_byte_at=10.2500006, waited_s=0.0041236)
+    line = json.loads(format_line(entry, 1_700_000_000.0, 4, with_text=False))
+    times = (line["t"], line["waited_ms"], line["ttft_ms"], line["e2e_ms"])
+    assert times == (1700000010.0, 4.124, 250.0, 500.001)
+    raw = format_line(entry, 1_700_000_000.123456789, 4, with_text=False)
+    assert b'"t":1700000010.123457,' in raw
 
 
 def test_usage_is_the_last_usage_object_and_a_null_usage_is_skipped() -> None:
@@ -265,7 +276,7 @@ def test_a_request_that_cannot_be_encoded_is_counted_and_logged_never_raised(
 ) -> None:
     recorder = _recorder(tmp_path).start()
     _record(recorder, 0)
-    bad = SchedRequest(None, "m", ApiKind.CHAT, True, (1,), 64, 64)  # type: ignore[arg-type]  # no str id
+    bad = SchedRequest(object(), "m", ApiKind.CHAT, True, (1,), 64, 64)  # type: ignore[arg-type]  # no JSON
     recorder.record(99.5, _Parsed({}), bad, _admitted(), Served("e0", "ok", 99.75))
     _record(recorder, 2)
     assert recorder.failed == 0 and recorder.pending == 3  # formatted at the flush
@@ -275,7 +286,7 @@ def test_a_request_that_cannot_be_encoded_is_counted_and_logged_never_raised(
         assert recorder.failed == 1 and recorder.pending == 3
         assert "could not record a request" in caplog.text
         recorder.close()
-    assert "could not encode a recorded request" in caplog.text
+    assert "could not encode a recorded request" in caplog.text  # its batch was encoded line by line
     assert [line["id"] for line in _lines(tmp_path / "trace.jsonl")] == ["r0", "r2"]
     assert recorder.written == 2 and recorder.failed == 2
 
