@@ -48,3 +48,33 @@ def test_clear_swaps_storage_at_once_and_returns_the_old_arrays_over_later_calls
     for key in range(10):
         table.touch("b", [key])
     assert table.nbytes() < fresh + 2**20
+
+
+def test_repeated_lookups_see_endpoints_come_and_go_and_lists_change() -> None:
+    """match keeps the ids of the endpoint lists it was asked about, touch and match the last tuple's keys:
+    neither may outlive an endpoint's id or a list's contents."""
+    table = BlockTable(100, with_values=False)
+    chain = (1, 2, 3)
+    assert table.match(chain, ["a", "b"]) == {"a": 0, "b": 0}  # neither known yet
+    table.touch("b", chain)
+    assert table.match(chain, ["a", "b"]) == {"a": 0, "b": 3}
+    table.touch("a", chain[:1])
+    assert table.match(chain, ["a", "b"]) == {"a": 1, "b": 3}
+    table.drop_endpoint("b")
+    table.touch("c", chain)  # may take b's freed id
+    assert table.match(chain, ["a", "b"]) == {"a": 1, "b": 0}
+    assert table.match(chain, ["c", "a"]) == {"c": 3, "a": 1}
+    keys = [7, 8]
+    table.touch("a", keys)
+    keys[1] = 9  # a list is read again on every call
+    assert table.match(keys, ["a"]) == {"a": 1}
+    assert table.match((7, 8), ["a"]) == {"a": 2}
+
+
+def test_a_chain_within_its_endpoints_capacity_evicts_nothing_and_one_past_it_evicts_the_oldest() -> None:
+    table = BlockTable(4, with_values=False)
+    assert table.touch("a", (1, 2, 3)) == 0
+    assert table.touch("a", (1, 2, 3)) == 0  # refreshed, not grown
+    assert table.touch("a", (1, 2, 3, 4, 5)) == 1
+    assert table.size("a") == 4
+    assert table.match((1, 2, 3, 4, 5), ["a"]) == {"a": 4}  # the chain's tail went: it was touched first

@@ -36,6 +36,8 @@ from burstsched_plugins.blocktable import kernels as k
 _U64_MASK = (1 << 64) - 1
 _DRAIN_CHUNK = 8192
 _RELEASE_BYTES = 8 << 20
+_MATCH_IDS_CACHED = 64
+"""Endpoint lists whose ids :meth:`BlockTable.match` keeps (cleared whenever an id changes)."""
 
 
 def as_keys(values: Sequence[int]) -> npt.NDArray[np.uint64]:
@@ -54,6 +56,12 @@ class BlockTable:
     names, mapped to small ids (the lowest free one first, so a pool of up to 64 endpoints stays on the
     bitmask fast path).
     """
+
+    _match_ids: dict[tuple[str, ...], npt.NDArray[np.int64]]
+    """The ids of endpoint lists :meth:`match` was asked about (cleared whenever an id changes)."""
+    _last_chain: Sequence[int] | None
+    """The last tuple :meth:`_keys` converted, and its array."""
+    _last_keys: npt.NDArray[np.uint64]
 
     def __init__(
         self, default_capacity: int, *, with_values: bool, drain_chunk: int = _DRAIN_CHUNK, warm: bool = True
@@ -93,6 +101,7 @@ class BlockTable:
         ep = self._ids.pop(endpoint, None)
         if ep is None:
             return
+        self._match_ids.clear()
         self._retiring.append(ep)
         self._drain()
 
@@ -130,7 +139,7 @@ class BlockTable:
         The chain's leading blocks end up freshest. Then the endpoint's oldest entries beyond its capacity go;
         returns how many went.
         """
-        key_array = as_keys(keys)
+        key_array = self._keys(keys)
         if values is None:
             if self._with_values:
                 raise ValueError("this table stores router hashes: pass values")
@@ -148,8 +157,10 @@ class BlockTable:
             done = k.touch(self._core, ep, key_array, value_array, done)
             if done < key_array.shape[0]:
                 self._grow()
-        limit = int(self._core.eps[ep, k.E_CAP])
-        return int(k.evict(self._core, ep, limit, int(self._core.eps[ep, k.E_SIZE])))
+        limit, size = int(self._core.eps[ep, k.E_CAP]), int(self._core.eps[ep, k.E_SIZE])
+        if size <= limit:  # a refreshed chain, or room left: no kernel call
+            return 0
+        return int(k.evict(self._core, ep, limit, size))
 
     def remove(self, endpoint: str, keys: Sequence[int]) -> int:
         """Drop ``endpoint``'s entries for ``keys`` (unknown ones ignored); how many were there."""
@@ -174,13 +185,27 @@ class BlockTable:
 
     def match(self, hashes: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
         """For each endpoint, how many of ``hashes`` (router hashes) it holds contiguously from block 0."""
-        names = list(dict.fromkeys(endpoints))
+        names = tuple(dict.fromkeys(endpoints))
         if not names or not len(hashes):
             return dict.fromkeys(names, 0)
-        ids = np.array([self._ids.get(name, -1) for name in names], np.int64)
+        ids = self._match_ids.get(names)
+        if ids is None:  # the same few endpoint lists every request: their ids are looked up once
+            if len(self._match_ids) >= _MATCH_IDS_CACHED:
+                self._match_ids.clear()
+            ids = self._match_ids[names] = np.array([self._ids.get(name, -1) for name in names], np.int64)
         out = np.empty(len(names), np.int64)
-        k.match(self._core, as_keys(hashes), ids, out)
+        k.match(self._core, self._keys(hashes), ids, out)
         return dict(zip(names, out.tolist(), strict=True))
+
+    def _keys(self, chain: Sequence[int]) -> npt.NDArray[np.uint64]:
+        """``as_keys(chain)``; a tuple converted by the call before is not converted again (a request's
+        chain is matched, then touched on dispatch)."""
+        if chain is self._last_chain:
+            return self._last_keys
+        keys = as_keys(chain)
+        if type(chain) is tuple:  # immutable: safe to recognise by identity while it is held here
+            self._last_chain, self._last_keys = chain, keys
+        return keys
 
     def clear(self) -> None:
         """Drop every entry (capacities stay)."""
@@ -192,6 +217,9 @@ class BlockTable:
     # --- storage -------------------------------------------------------------------------------------------
 
     def _reset(self) -> None:
+        self._match_ids = {}
+        self._last_chain = None
+        self._last_keys = np.empty(0, np.uint64)
         self._ids: dict[str, int] = {}
         self._next_id = 0
         self._free_ids: list[int] = []
@@ -224,6 +252,7 @@ class BlockTable:
                 self._core = self._core._replace(eps=eps)
         self._core.eps[ep] = (-1, -1, 0, self.capacity(endpoint))
         self._ids[endpoint] = ep
+        self._match_ids.clear()
         return ep
 
     def _drain(self) -> None:
