@@ -236,13 +236,7 @@ def line_of(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: b
         prompt_tokens,
         input_tokens,
         cached_tokens,
-        (  # max_tokens_of, inlined
-            max_completion_tokens
-            if type(max_completion_tokens) is int
-            else max_tokens
-            if type(max_tokens) is int
-            else None
-        ),
+        max_tokens_of(max_completion_tokens, max_tokens),
         output_tokens,
         window,
         group,
