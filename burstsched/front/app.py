@@ -493,6 +493,8 @@ def create_app(
                 tg.start_soon(runtime.sampler.run, name="burstsched-loop-lag")
                 if recorder is not None:
                     tg.start_soon(recorder.run, name="burstsched-recorder")
+                if tracing is not None:
+                    tg.start_soon(tracing.run, name="burstsched-span-export")
                 try:
                     yield
                 finally:

@@ -1,22 +1,24 @@
 """The app's tracer provider: built by the lifespan when tracing is on, shut down (and flushed) with it.
 
-No global tracer provider is set: the :class:`Tracing` object is passed to whoever records spans. The OTLP
-exporter is imported only when tracing is on.
+No global tracer provider is set: the :class:`Tracing` object is passed to whoever records spans. Finished
+spans are exported by the app's own :class:`~burstsched.telemetry.export.SpanBatcher` on the event loop (see
+that module for why not the SDK's batch processor and exporter).
 """
 
 from __future__ import annotations
 
+import random
+
 import anyio
-import anyio.to_thread
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import Receive, Scope, Send
 
 from burstsched import __version__
+from burstsched.telemetry.export import OtlpSender, SpanBatcher
 from burstsched.telemetry.settings import TracingSettings
 from burstsched.telemetry.spans import Handler, RequestTrace
 
@@ -24,32 +26,19 @@ INSTRUMENTATION_NAME = "burstsched"
 
 
 class Tracing:
-    """A tracer provider exporting in batches over OTLP/HTTP, and the tracer requests record spans with.
+    """A tracer provider whose spans are exported over OTLP/HTTP by :attr:`batcher`, and the tracer requests
+    record spans with. The owner runs :meth:`run` in a task and awaits :meth:`aclose` at exit, which exports
+    what is left."""
 
-    ``exporter`` replaces the OTLP exporter (the batch processor still runs); ``schedule_delay_ms`` replaces
-    the batch delay (default: ``OTEL_BSP_SCHEDULE_DELAY`` or 5 s). :meth:`shutdown` exports what is left.
-    """
-
-    def __init__(
-        self,
-        settings: TracingSettings,
-        *,
-        exporter: SpanExporter | None = None,
-        schedule_delay_ms: float | None = None,
-    ) -> None:
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=settings.endpoint)
+    def __init__(self, settings: TracingSettings, *, rng: random.Random | None = None) -> None:
         sampler = (
             None if settings.sample_ratio is None else ParentBased(TraceIdRatioBased(settings.sample_ratio))
         )
         resource = Resource.create({SERVICE_NAME: settings.service_name, SERVICE_VERSION: __version__})
         self.settings = settings
+        self.batcher = SpanBatcher(OtlpSender(settings.endpoint, settings.export, rng=rng))
         self.provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
-        self.provider.add_span_processor(
-            BatchSpanProcessor(exporter, schedule_delay_millis=schedule_delay_ms)
-        )
+        self.provider.add_span_processor(self.batcher)
         self.tracer: Tracer = self.provider.get_tracer(INSTRUMENTATION_NAME, __version__)
         self.propagator = TraceContextTextMapPropagator()
 
@@ -75,12 +64,13 @@ class Tracing:
         finally:
             trace.end()
 
-    def shutdown(self) -> None:
-        """Export the spans still queued and stop the exporter (blocks; bounded by the exporter timeout)."""
-        self.provider.shutdown()
+    async def run(self) -> None:
+        """Export finished spans in batches until cancelled."""
+        await self.batcher.run()
 
     async def aclose(self) -> None:
-        """:meth:`shutdown` on a worker thread, shielded from cancellation: the event loop keeps serving
-        (an in-process receiver, for one) while the last spans are exported."""
+        """Export the spans still queued (each batch bounded by the export timeout), then stop; shielded from
+        cancellation."""
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.shutdown)
+            await self.batcher.aclose()
+            self.provider.shutdown()

@@ -6,6 +6,7 @@ import pytest
 
 from burstsched.config import ConfigError, RouterConfig, TracingConfig, parse_config_text
 from burstsched.telemetry import TracingSettings, resolve_tracing
+from burstsched.telemetry.settings import ExportSettings, resolve_export
 
 OFF = TracingConfig()
 
@@ -89,3 +90,48 @@ def test_the_config_file_section_is_strict() -> None:
         parse_config_text("tracing:\n  sample_ratio: 2\n")
     with pytest.raises(ConfigError, match="tracing.exporter"):
         parse_config_text("tracing:\n  exporter: grpc\n")
+
+
+def test_export_settings_come_from_the_standard_variables_signal_first() -> None:
+    environ = {
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=base",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Api-Key=s3cret%20x,tenant=t1",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2.5",
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "GZIP",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/ca.pem",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE": "/etc/client.pem",
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": "/etc/client.key",
+        "OTEL_BSP_SCHEDULE_DELAY": "250",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512",
+    }
+    assert resolve_export(environ) == ExportSettings(
+        headers=(("api-key", "s3cret x"), ("tenant", "t1")),
+        timeout_s=2.5,
+        compression="gzip",
+        certificate="/etc/ca.pem",
+        client_certificate="/etc/client.pem",
+        client_key="/etc/client.key",
+        schedule_delay_ms=250.0,
+        max_queue_size=100,
+        max_export_batch_size=100,  # never more than the queue holds
+    )
+    resolved = resolve_tracing(TracingConfig(enabled=True), environ)
+    assert resolved is not None and resolved.export == resolve_export(environ)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
+        {"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"},
+        {"OTEL_BSP_SCHEDULE_DELAY": "-1"},
+        {"OTEL_BSP_MAX_QUEUE_SIZE": "0"},
+        {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "many"},
+    ],
+)
+def test_a_malformed_export_variable_is_logged_and_defaulted(
+    environ: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert resolve_export(environ) == ExportSettings()
+    assert list(environ)[0] in caplog.text or "compression" in caplog.text

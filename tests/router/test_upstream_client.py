@@ -6,10 +6,8 @@ import asyncio
 import base64
 import contextlib
 import os
-import shutil
 import socket
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -416,24 +414,6 @@ async def test_an_abandoned_response_frees_its_slot_and_drops_its_connection() -
 
 
 # --- TLS, IPv6, proxies -------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, and its key, made by ``openssl``."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl to make a self-signed certificate with (the cryptography package is absent)")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        + ["-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"]
-        + ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    return cert, key
 
 
 async def test_tls_against_a_self_signed_server(self_signed: tuple[Path, Path]) -> None:
