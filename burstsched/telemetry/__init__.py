@@ -3,7 +3,8 @@
 The app's lifespan resolves :class:`TracingSettings` from the ``tracing:`` config section and the ``OTEL_*``
 environment (:func:`resolve_tracing`), builds a :class:`Tracing` when they say so, and shuts it down at exit.
 Each traced request gets a :class:`RequestTrace` (its SERVER span) and, per upstream attempt, an
-:class:`UpstreamSpan`. Attribute names are in :mod:`burstsched.telemetry.attributes`.
+:class:`UpstreamSpan`; the spans are :mod:`~burstsched.telemetry.span_record` records, exported by
+:mod:`~burstsched.telemetry.export`. Attribute names are in :mod:`burstsched.telemetry.attributes`.
 """
 
 from burstsched.telemetry import attributes

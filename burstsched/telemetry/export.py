@@ -5,12 +5,12 @@ message objects and posts them with ``requests``. On a router that lives on one 
 encoding (78 µs per span), and the thread itself, which takes the GIL from the event loop at every batch
 (the loop spent 529 µs per traced request with the thread and a do-nothing exporter, 371 µs without it).
 
-Here :class:`SpanBatcher` is the provider's span processor: ``on_end`` appends the span to a list, nothing
-more. Its :meth:`~SpanBatcher.run` task, on the event loop, takes a batch when ``max_export_batch_size`` spans
-are waiting or ``schedule_delay_ms`` has passed since the last, encodes it in slices between requests
-(:class:`~burstsched.telemetry.otlp_encode.SpanEncoder`, 64 spans at a time) and posts it with
-:class:`OtlpSender`. Spans beyond ``max_queue_size`` are dropped and counted (:attr:`SpanBatcher.dropped`), as
-the SDK's processor does while its collector is slow or away.
+Here :class:`SpanBatcher` takes each :class:`~burstsched.telemetry.span_record.SpanRecord` as it ends and
+appends it to a list, nothing more. Its :meth:`~SpanBatcher.run` task, on the event loop, takes a batch
+when ``max_export_batch_size`` spans are waiting or ``schedule_delay_ms`` has passed since the last, encodes
+it in slices between requests (:class:`~burstsched.telemetry.otlp_encode.SpanEncoder`, 64 spans at a time)
+and posts it with :class:`OtlpSender`. Spans beyond ``max_queue_size`` are dropped and counted
+(:attr:`SpanBatcher.dropped`), as the SDK's processor does while its collector is slow or away.
 
 :class:`OtlpSender` posts ``application/x-protobuf`` with aiohttp: the configured headers, gzip or deflate,
 TLS with a private CA and client certificates, proxies from the environment. A batch is retried on 429,
@@ -35,12 +35,11 @@ import aiohttp
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from burstsched import __version__
 from burstsched.telemetry.otlp_encode import SpanEncoder
 from burstsched.telemetry.settings import ExportSettings
+from burstsched.telemetry.span_record import SpanRecord
 
 log = logging.getLogger(__name__)
 
@@ -153,24 +152,24 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-class SpanBatcher(SpanProcessor):
-    """The tracer provider's span processor: queues sampled finished spans; :meth:`run` exports them.
+class SpanBatcher:
+    """Queues finished spans (:meth:`add`); :meth:`run` exports them in batches.
 
-    Spans must end on the event loop's thread (every span of the router does); :meth:`on_end` from another
+    Spans should end on the event loop's thread (every span of the router does); :meth:`add` from another
     thread still queues, and the next timed batch takes it.
     """
 
-    def __init__(self, sender: OtlpSender, *, encoder: SpanEncoder | None = None) -> None:
+    def __init__(self, sender: OtlpSender, encoder: SpanEncoder) -> None:
         self.sender = sender
         self.settings = sender.settings
-        self.encoder = encoder or SpanEncoder()
+        self.encoder = encoder
         self.dropped = 0
         """Spans dropped: the queue was full, or their batch failed."""
         self.exported = 0
         """Spans the collector accepted."""
         self.encode_cpu_s = 0.0
         """Event-loop CPU spent encoding (thread time)."""
-        self._queue: list[ReadableSpan] = []
+        self._queue: list[SpanRecord] = []
         self._full: anyio.Event | None = None
         self._loop_thread: int | None = None
         self._closed = False
@@ -178,12 +177,8 @@ class SpanBatcher(SpanProcessor):
         self._exporting = anyio.Lock()
         """One batch at a time: the run task's and the closing flush's."""
 
-    # --- SpanProcessor ------------------------------------------------------------------------------------
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
+    def add(self, span: SpanRecord) -> None:
+        """Queue a finished span (dropped and counted when the queue is full or the batcher closed)."""
         if self._closed:
             return
         queue = self._queue
@@ -197,13 +192,6 @@ class SpanBatcher(SpanProcessor):
             and threading.get_ident() == self._loop_thread
         ):
             self._full.set()
-
-    def shutdown(self) -> None:
-        self._closed = True
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Nothing can be sent from here (the loop sends); True when nothing waits."""
-        return not self._queue
 
     # --- the loop's side ----------------------------------------------------------------------------------
 
@@ -240,7 +228,7 @@ class SpanBatcher(SpanProcessor):
             encoded += [self.encoder.span(span) for span in batch[start : start + SLICE_SPANS]]
             self.encode_cpu_s += time.thread_time() - began
         began = time.thread_time()
-        body = self.encoder.request(zip(batch, encoded, strict=True))
+        body = self.encoder.request(encoded)
         self.encode_cpu_s += time.thread_time() - began
         with anyio.CancelScope(shield=True):  # a batch on its way is finished (bounded by timeout_s)
             sent = await self.sender.send(body)

@@ -26,14 +26,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 from starlette.types import Message, Receive, Scope, Send
 
 from burstsched.framework import Decision
 from burstsched.telemetry import attributes as attr
+from burstsched.telemetry.span_record import SpanRecord, SpanRecorder
 from burstsched.telemetry.usage import ResponseInfo, StreamTail, from_json_body, from_sse_tail
 
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
@@ -63,25 +63,24 @@ class AdmissionOutcome(Protocol):
 class UpstreamSpan:
     """The CLIENT span of one upstream attempt."""
 
-    __slots__ = ("_span", "_propagator", "_first", "_tail", "_ended")
+    __slots__ = ("_span", "_first", "_tail", "_ended")
 
-    def __init__(self, span: Span, propagator: TraceContextTextMapPropagator) -> None:
+    def __init__(self, span: SpanRecord) -> None:
         self._span = span
-        self._propagator = propagator
         self._first = True
         self._tail: StreamTail | None = None
         self._ended = False
 
     @property
-    def span(self) -> Span:
+    def span(self) -> SpanRecord:
         return self._span
 
     def inject(self, headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """``headers`` with the client's ``traceparent``/``tracestate`` replaced by this span's."""
-        carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=set_span_in_context(self._span))
         out = [(k, v) for k, v in headers if k not in _TRACE_HEADERS]
-        out.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items())
+        out.append((b"traceparent", self._span.traceparent().encode()))
+        if self._span.trace_state:
+            out.append((b"tracestate", self._span.trace_state.encode("latin-1")))
         return out
 
     def response(self, status: int) -> None:
@@ -89,7 +88,7 @@ class UpstreamSpan:
         self._span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
         if status >= 400:
             self._span.set_attribute(attr.ERROR_TYPE, str(status))
-            self._span.set_status(Status(StatusCode.ERROR))
+            self._span.set_status(StatusCode.ERROR)
 
     def chunk(self, data: bytes) -> None:
         """A chunk of a streamed response; the first one is the ``first_token`` event."""
@@ -109,9 +108,8 @@ class UpstreamSpan:
 
     def failed(self, result: str, message: str) -> None:
         """The attempt failed (``result`` as in ``burstsched_upstream_attempts_total``)."""
-        self._span.set_attribute(attr.UPSTREAM_RESULT, result)
-        self._span.set_attribute(attr.ERROR_TYPE, result)
-        self._span.set_status(Status(StatusCode.ERROR, message))
+        self._span.set_attributes({attr.UPSTREAM_RESULT: result, attr.ERROR_TYPE: result})
+        self._span.set_status(StatusCode.ERROR, message)
 
     def end(self) -> None:
         if self._ended:
@@ -144,10 +142,8 @@ class RequestTrace:
     """The SERVER span of one client request and the child spans the request path records under it."""
 
     __slots__ = (
-        "_tracer",
-        "_propagator",
+        "_recorder",
         "_span",
-        "_context",
         "_operation",
         "_model",
         "_admission",
@@ -156,25 +152,27 @@ class RequestTrace:
         "_ended",
     )
 
-    def __init__(
-        self, tracer: Tracer, propagator: TraceContextTextMapPropagator, span: Span, *, full: bool = False
-    ) -> None:
-        self._tracer = tracer
-        self._propagator = propagator
+    def __init__(self, recorder: SpanRecorder, span: SpanRecord, *, full: bool = False) -> None:
+        self._recorder = recorder
         self._span = span
-        self._context: Context = set_span_in_context(span)
         self._operation = "chat"
         self._model = ""
-        self._admission: Span | None = None
+        self._admission: SpanRecord | None = None
         self._admission_started = 0
         self._full = full
         self._ended = False
 
     @classmethod
     def begin(
-        cls, tracer: Tracer, propagator: TraceContextTextMapPropagator, scope: Scope, *, full: bool = False
-    ) -> RequestTrace:
-        """Start the SERVER span of the HTTP request ``scope``, continuing its ``traceparent`` if any.
+        cls,
+        recorder: SpanRecorder,
+        propagator: TraceContextTextMapPropagator,
+        scope: Scope,
+        *,
+        full: bool = False,
+    ) -> RequestTrace | None:
+        """Start the SERVER span of the HTTP request ``scope``, continuing its ``traceparent`` if any; None
+        when the sampler leaves the request out.
 
         ``full``: admission and scheduling as child spans (``tracing.detail: full``), else the lean layout.
         """
@@ -201,13 +199,11 @@ class RequestTrace:
         client = scope.get("client")
         if client:
             attributes[attr.CLIENT_ADDRESS] = client[0]
-        span = tracer.start_span(
-            f"{method} {path}", context=parent, kind=SpanKind.SERVER, attributes=attributes
-        )
-        return cls(tracer, propagator, span, full=full)
+        span = recorder.root(f"{method} {path}", parent, kind=SpanKind.SERVER, attributes=attributes)
+        return None if span is None else cls(recorder, span, full=full)
 
     @property
-    def span(self) -> Span:
+    def span(self) -> SpanRecord:
         """The SERVER span."""
         return self._span
 
@@ -221,7 +217,7 @@ class RequestTrace:
                 span.set_attribute(attr.HTTP_RESPONSE_STATUS_CODE, status)
                 if status >= 500:
                     span.set_attribute(attr.ERROR_TYPE, str(status))
-                    span.set_status(Status(StatusCode.ERROR))
+                    span.set_status(StatusCode.ERROR)
             await send(message)
 
         return traced_send
@@ -253,7 +249,7 @@ class RequestTrace:
     def admission_started(self) -> None:
         """The request enters admission (the window, or scheduling at once when it bypasses)."""
         if self._full:
-            self._admission = self._tracer.start_span(attr.SPAN_ADMISSION, context=self._context)
+            self._admission = self._recorder.child(self._span, attr.SPAN_ADMISSION)
         else:
             self._admission_started = time.time_ns()
 
@@ -266,8 +262,8 @@ class RequestTrace:
         span = self._admission
         self._admission = None
         if span is None and not self._full and not bypass:  # a wait in a window: worth its own span
-            span = self._tracer.start_span(
-                attr.SPAN_ADMISSION, context=self._context, start_time=self._admission_started or now
+            span = self._recorder.child(
+                self._span, attr.SPAN_ADMISSION, start_time=self._admission_started or now
             )
         if span is not None:
             span.set_attributes(values)
@@ -285,9 +281,7 @@ class RequestTrace:
         chosen = decision.ranked[0]
         values = _decision_attributes(decision)
         values.update(extra)
-        span = self._tracer.start_span(
-            attr.SPAN_SCHEDULE, context=self._context, start_time=start, attributes=values
-        )
+        span = self._recorder.child(self._span, attr.SPAN_SCHEDULE, start_time=start, attributes=values)
         for rank, scored in enumerate(decision.ranked):
             event: dict[str, AttributeValue] = {
                 attr.ENDPOINT: scored.name,
@@ -330,13 +324,10 @@ class RequestTrace:
         }
         if attempt > 0:
             values[attr.HTTP_REQUEST_RESEND_COUNT] = attempt
-        span = self._tracer.start_span(
-            f"{self._operation} {self._model}".strip(),
-            context=self._context,
-            kind=SpanKind.CLIENT,
-            attributes=values,
+        span = self._recorder.child(
+            self._span, f"{self._operation} {self._model}".strip(), kind=SpanKind.CLIENT, attributes=values
         )
-        return UpstreamSpan(span, self._propagator)
+        return UpstreamSpan(span)
 
     def served(self, endpoint: str | None, outcome: str) -> None:
         """The request's outcome (as in ``burstsched_requests_total``) and its last endpoint."""
@@ -351,7 +342,7 @@ class RequestTrace:
         """The request's handler raised ``error``."""
         self._span.record_exception(error)
         self._span.set_attribute(attr.ERROR_TYPE, type(error).__qualname__)
-        self._span.set_status(Status(StatusCode.ERROR, str(error) or type(error).__name__))
+        self._span.set_status(StatusCode.ERROR, str(error) or type(error).__name__)
 
     def end(self) -> None:
         """End the SERVER span (and an admission span left open by an error)."""
@@ -359,7 +350,7 @@ class RequestTrace:
             return
         self._ended = True
         if self._admission is not None:
-            self._admission.set_status(Status(StatusCode.ERROR, "not admitted"))
+            self._admission.set_status(StatusCode.ERROR, "not admitted")
             self._admission.end()
             self._admission = None
         self._span.end()

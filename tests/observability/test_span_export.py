@@ -17,10 +17,13 @@ import anyio.lowlevel
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from burstsched.telemetry.export import OtlpSender, SpanBatcher
+from burstsched.telemetry.otlp_encode import SpanEncoder
 from burstsched.telemetry.settings import ExportSettings
+from burstsched.telemetry.span_record import SpanRecorder
 
 pytestmark = pytest.mark.anyio
 
@@ -96,18 +99,19 @@ class FakeTime:
 
 def _batcher(
     url: str, settings: ExportSettings, time: FakeTime | None = None
-) -> tuple[SpanBatcher, TracerProvider]:
+) -> tuple[SpanBatcher, SpanRecorder]:
     time = time or FakeTime()
-    batcher = SpanBatcher(OtlpSender(url, settings, clock=time.clock, sleep=time.sleep))
-    provider = TracerProvider(shutdown_on_exit=False)
-    provider.add_span_processor(batcher)
-    return batcher, provider
+    resource = Resource.create({"service.name": "test"})
+    sender = OtlpSender(url, settings, clock=time.clock, sleep=time.sleep)
+    batcher = SpanBatcher(sender, SpanEncoder(resource, "test"))
+    return batcher, SpanRecorder(batcher.add, ALWAYS_ON, resource)
 
 
-def _end_spans(provider: TracerProvider, names: list[str]) -> None:
-    tracer = provider.get_tracer("test")
+def _end_spans(recorder: SpanRecorder, names: list[str]) -> None:
     for name in names:
-        tracer.start_span(name).end()
+        span = recorder.root(name, None)
+        assert span is not None
+        span.end()
 
 
 async def test_a_full_batch_goes_at_once_and_a_partial_one_after_the_delay() -> None:

@@ -85,6 +85,7 @@ async def test_a_request_trace_continues_the_client_trace_and_nests_its_children
 ) -> None:
     tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched-test", 1.0, full_detail=True))
     trace = tracing.begin(_scope((b"traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01".encode())))
+    assert trace is not None
     trace.describe(
         {"max_tokens": 8, "temperature": 0, "stream": True}, chat=True, model="kv-demo", request_id="req-1"
     )
@@ -168,6 +169,7 @@ async def test_a_request_trace_continues_the_client_trace_and_nests_its_children
 async def test_failed_attempts_and_handler_errors_are_error_spans(receiver: ServedReceiver) -> None:
     tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched", 1.0, full_detail=True))
     trace = tracing.begin(_scope())
+    assert trace is not None
     trace.describe({"prompt": "x"}, chat=False, model="kv-demo", request_id="req-2")
     trace.admission_started()
     trace.admitted(_Admitted(_decision(), Role.BYPASS))
@@ -208,6 +210,7 @@ async def test_lean_detail_keeps_a_warm_request_to_two_spans_with_the_decision_o
     tracing = Tracing(TracingSettings(receiver.traces_url, "burstsched", 1.0))
     for role in (Role.BYPASS, Role.MEMBER):
         trace = tracing.begin(_scope())
+        assert trace is not None
         trace.describe({"max_tokens": 4}, chat=True, model="kv-demo", request_id=f"req-{role}")
         trace.admission_started()
         trace.admitted(_Admitted(_decision(), role))
