@@ -43,8 +43,10 @@ _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _SMALL = tuple(bytes([n]) for n in range(128))
 _CACHE_LIMIT = 8192
-"""Entries per cache; a cache that fills is cleared (attribute values are bounded in practice, but a
-request id or prompt hash as a string attribute would otherwise grow it without end)."""
+"""Keys (or attribute keys by tag and type) per cache; a cache that fills is cleared."""
+_VALUES_PER_KEY = 256
+"""Distinct values cached for one attribute key before it is deemed not to repeat."""
+_NEW: Any = object()
 
 
 def varint(value: int) -> bytes:
@@ -73,13 +75,13 @@ class SpanEncoder:
     """Encodes the finished spans of one resource and instrumentation scope; holds the caches, so one lives
     as long as the exporter that uses it."""
 
-    __slots__ = ("_keys", "_pairs", "_head")
+    __slots__ = ("_keys", "_fields", "_head")
 
     def __init__(self, resource: Resource, scope_name: str, scope_version: str = "") -> None:
         self._keys: dict[str, bytes] = {}
         """Attribute key → the ``KeyValue.key`` field (tag, length, UTF-8)."""
-        self._pairs: dict[tuple[bytes, str, str], bytes] = {}
-        """(field tag, key, string value) → the whole attribute field."""
+        self._fields: dict[tuple[bytes, str, type], dict[Any, bytes] | None] = {}
+        """(field tag, key, value type) → value → the whole attribute field; None: not cached."""
         resource_body = b"".join(self._attributes(b"\x0a", resource.attributes))
         scope = b"".join(
             [_text(b"\x0a", scope_name)] + ([_text(b"\x12", scope_version)] if scope_version else [])
@@ -136,26 +138,37 @@ class SpanEncoder:
 
     def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
         """``attributes`` as repeated ``KeyValue`` fields under ``tag``; an attribute that cannot be encoded
-        is left out and logged, as OpenTelemetry's encoder does. A string-valued attribute's whole field is
-        cached by (tag, key, value)."""
+        is left out and logged, as OpenTelemetry's encoder does.
+
+        A string, int or bool attribute's whole field is cached per (tag, key, type) and value, until that
+        key has shown :data:`_VALUES_PER_KEY` distinct values: a key whose values do not repeat (a request
+        id) is then encoded each time without filling the cache."""
         if not attributes:
             return []
         out = []
-        pairs = self._pairs
+        fields = self._fields
         for key, value in attributes.items():
-            if type(value) is str:
-                encoded = pairs.get((tag, key, value))
-                if encoded is None:
-                    if len(pairs) >= _CACHE_LIMIT:
-                        pairs.clear()
-                    pair = self._key(key) + _field(b"\x12", _text(b"\x0a", value))
-                    encoded = pairs[(tag, key, value)] = _field(tag, pair)
-                out.append(encoded)
-                continue
-            if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
-                any_value = b"\x18" + varint(value & 0xFFFFFFFFFFFFFFFF)  # at most 11 bytes
-                out.append(_field(tag, self._key(key) + b"\x12" + _SMALL[len(any_value)] + any_value))
-                continue
+            kind = type(value)
+            if kind is str or kind is int or kind is bool:
+                by_value = fields.get((tag, key, kind), _NEW)
+                if by_value is _NEW:
+                    if len(fields) >= _CACHE_LIMIT:
+                        fields.clear()
+                    by_value = fields[(tag, key, kind)] = {}
+                if by_value is not None:
+                    encoded = by_value.get(value)
+                    if encoded is None:
+                        try:
+                            encoded = _field(tag, self._pair(key, value))
+                        except ValueError as error:  # an int beyond int64
+                            log.error("Failed to encode key %s: %s", key, error)
+                            continue
+                        if len(by_value) >= _VALUES_PER_KEY:
+                            fields[(tag, key, kind)] = None  # its values do not repeat: stop caching them
+                        else:
+                            by_value[value] = encoded
+                    out.append(encoded)
+                    continue
             try:
                 out.append(_field(tag, self._pair(key, value)))
             except (TypeError, ValueError) as error:

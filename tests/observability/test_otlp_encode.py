@@ -198,3 +198,29 @@ def test_any_attributes_match_opentelemetry(
     span.set_status(StatusCode.ERROR, message)
     span.end()
     assert _encoder().encode(ended) == _reference(ended)
+
+
+def test_a_key_whose_values_do_not_repeat_stops_being_cached_and_stays_exact() -> None:
+    recorder, ended = _recorder()
+    for i in range(600):
+        span = recorder.root("r", None, attributes={"request.id": f"req-{i}", "n": i, "model": "m"})
+        assert span is not None
+        span.end()
+    encoder = _encoder()
+    assert encoder.encode(ended) == _reference(ended)
+    assert encoder.encode(ended) == _reference(ended)  # cached and uncached keys alike, twice
+    fields = encoder._fields
+    assert fields[(b"\x4a", "request.id", str)] is None and fields[(b"\x4a", "n", int)] is None
+    assert fields[(b"\x4a", "model", str)] == {"m": _field_of(encoder, "model", "m")}
+
+
+def _field_of(encoder: SpanEncoder, key: str, value: str) -> bytes:
+    recorder, ended = _recorder()
+    span = recorder.root("r", None, attributes={key: value})
+    assert span is not None
+    span.end()
+    (decoded,) = (
+        ExportTraceServiceRequest.FromString(encoder.encode(ended)).resource_spans[0].scope_spans[0].spans
+    )
+    (attribute,) = decoded.attributes
+    return b"\x4a" + bytes([attribute.ByteSize()]) + attribute.SerializeToString()

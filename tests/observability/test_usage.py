@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from burstsched.telemetry import ResponseInfo, StreamTail, from_json_body, from_sse_tail
+from burstsched.telemetry.usage import _from_payloads
 
 
 def _sse(*payloads: object) -> bytes:
@@ -86,3 +87,53 @@ def test_sse_tail_reads_crlf_streams_and_leaves_out_an_event_cut_before_its_blan
     assert from_sse_tail(crlf).input_tokens == 7
     cut = b"data: " + json.dumps(usage).encode() + b"\n"  # the stream ended before the blank line
     assert from_sse_tail(cut) == ResponseInfo()
+
+
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=False), st.text(max_size=6)
+)
+_ANY = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+)
+
+
+@given(
+    response_id=_ANY,
+    model=_ANY,
+    prompt=_ANY,
+    completion=_ANY,
+    cached=_ANY,
+    details=st.booleans(),
+    reasons=st.lists(st.one_of(st.text(max_size=6), _SCALARS), max_size=3),
+    extra=st.dictionaries(st.sampled_from(["object", "created", "system"]), _ANY, max_size=2),
+)
+def test_the_fast_json_reading_agrees_with_the_general_one(
+    response_id: object,
+    model: object,
+    prompt: object,
+    completion: object,
+    cached: object,
+    details: bool,
+    reasons: list[object],
+    extra: dict[str, object],
+) -> None:
+    usage: dict[str, object] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    if details:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    body = {
+        "id": response_id,
+        "model": model,
+        "choices": [{"message": {"content": "x"}, "finish_reason": r} for r in reasons],
+        "usage": usage,
+        **extra,
+    }
+    encoded = json.dumps(body).encode()
+    assert from_json_body(encoded) == _from_payloads([json.loads(encoded)])
+
+
+@given(st.dictionaries(st.sampled_from(["id", "model", "usage", "choices", "object"]), _ANY, max_size=5))
+def test_the_fast_json_reading_agrees_on_bodies_of_any_shape(body: dict[str, object]) -> None:
+    encoded = json.dumps(body).encode()
+    assert from_json_body(encoded) == _from_payloads([json.loads(encoded)])
+    assert from_json_body(json.dumps([body]).encode()) == ResponseInfo()
