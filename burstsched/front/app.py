@@ -446,6 +446,8 @@ def create_app(
                 recorder.start()
                 resources.callback(recorder.close)  # writes what the last flush left
             tracing = Tracing(tracing_settings) if tracing_settings is not None else None
+            if tracing is not None:
+                metrics.watch_trace_export(tracing.batcher.counts)
             admission = Admission(config.admission, scheduler, pool.snapshots)
             app.state.router = Router(
                 config, upstream_io, pool, scheduler, dispatcher, metrics, admission, tracing, tokenizer, hub

@@ -199,6 +199,10 @@ class SpanBatcher:
     def queued(self) -> int:
         return len(self._queue)
 
+    def counts(self) -> tuple[int, int, int]:
+        """(exported, dropped, queued) spans."""
+        return self.exported, self.dropped, len(self._queue)
+
     async def run(self) -> None:
         """Export batches until cancelled: a full batch at once, otherwise every ``schedule_delay_ms``."""
         self._loop_thread = threading.get_ident()
@@ -210,16 +214,16 @@ class SpanBatcher:
                     await self._full.wait()
             await self.export_batch()
 
-    async def export_batch(self) -> None:
-        """Encode and send up to ``max_export_batch_size`` queued spans (none: nothing)."""
+    async def export_batch(self) -> bool:
+        """Encode and send up to ``max_export_batch_size`` queued spans; False when the batch failed."""
         async with self._exporting:
-            await self._export_batch()
+            return await self._export_batch()
 
-    async def _export_batch(self) -> None:
+    async def _export_batch(self) -> bool:
         size = self.settings.max_export_batch_size
         batch, self._queue[:size] = self._queue[:size], []
         if not batch:
-            return
+            return True
         encoded: list[bytes] = []
         for start in range(0, len(batch), SLICE_SPANS):
             if start:
@@ -236,14 +240,23 @@ class SpanBatcher:
             self.exported += len(batch)
         else:
             self.dropped += len(batch)
+        self._report_drops()
+        return sent
+
+    def _report_drops(self) -> None:
         if self.dropped > self._reported_drops:
             log.warning("%d spans dropped so far (queue full or export failed)", self.dropped)
             self._reported_drops = self.dropped
 
     async def flush(self) -> None:
-        """Export everything queued now, batch after batch (at exit: bounded by ``timeout_s`` a batch)."""
+        """Export everything queued now, batch after batch. After a batch that failed (its retries used up
+        ``timeout_s``), the rest is dropped: at exit, a collector that is away costs one timeout, not one
+        per batch."""
         while self._queue:
-            await self.export_batch()
+            if not await self.export_batch():
+                self.dropped += len(self._queue)
+                self._queue.clear()
+                self._report_drops()
 
     async def aclose(self) -> None:
         """Stop taking spans, export what waits, close the connection."""

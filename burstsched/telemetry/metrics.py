@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import Message, Send
 
@@ -82,6 +82,28 @@ class _DiscoveryCollector(Collector):
         for state, count in counts.items():
             family.add_metric([state], float(count))
         yield family
+
+
+class _TraceExportCollector(Collector):
+    """The span exporter's counts, read at scrape time: exported, dropped, waiting."""
+
+    def __init__(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        exported, dropped, queued = self._counts()
+        spans = CounterMetricFamily(
+            "burstsched_trace_spans",
+            "Spans the trace exporter handled: exported (the collector accepted them) or dropped (the queue "
+            "was full, or their batch failed after its retries).",
+            labels=["outcome"],
+        )
+        spans.add_metric(["exported"], float(exported))
+        spans.add_metric(["dropped"], float(dropped))
+        yield spans
+        yield GaugeMetricFamily(
+            "burstsched_trace_spans_queued", "Finished spans waiting for their export batch.", value=queued
+        )
 
 
 class _EndpointCollector(Collector):
@@ -346,6 +368,10 @@ class RouterMetrics:
     def watch_discovery(self, states: Callable[[], Iterable[str]]) -> None:
         """Export how many endpoints are in each discovery state, read from the pool at each scrape."""
         self.registry.register(_DiscoveryCollector(states))
+
+    def watch_trace_export(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        """Export the span exporter's (exported, dropped, queued) counts, read at each scrape."""
+        self.registry.register(_TraceExportCollector(counts))
 
     def config_reload(self, outcome: str) -> None:
         self.config_reloads.labels(outcome).inc()

@@ -248,3 +248,14 @@ async def test_a_batch_on_its_way_at_cancellation_is_finished_before_close() -> 
             served.hold.set()
         assert served.span_names() == ["a", "b", "c"]
         assert (len(served.requests), batcher.exported, batcher.dropped) == (2, 3, 0)
+
+
+async def test_at_close_a_collector_that_is_away_costs_one_timeout_not_one_per_batch() -> None:
+    async with collector() as served:
+        url = served.url  # nothing listens there once the block ends
+    time = FakeTime()
+    batcher, recorder = _batcher(url, ExportSettings(timeout_s=2, max_export_batch_size=2), time)
+    _end_spans(recorder, ["a", "b", "c", "d", "e"])
+    await batcher.aclose()
+    assert (batcher.exported, batcher.dropped, batcher.queued) == (0, 5, 0)
+    assert len(time.slept) == 1  # the first batch's one retry; the other batches were not tried

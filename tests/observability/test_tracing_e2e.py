@@ -93,6 +93,10 @@ async def test_a_streamed_request_is_one_trace_continuing_the_clients_traceparen
     assert 'extension_point="producer",plugin="approx-prefix-producer"} 1.0' in metrics
     index_line = f'burstsched_prefix_index_blocks{{endpoint="{served_by}",plugin="approx-prefix-producer"}}'
     assert float(metrics.split(index_line)[1].split()[0]) > 0
+    # the exporter's own counts: the request's spans wait for their batch (5 s), none dropped
+    assert 'burstsched_trace_spans_total{outcome="dropped"} 0.0' in metrics
+    assert 'burstsched_trace_spans_total{outcome="exported"} 0.0' in metrics
+    assert float(metrics.split("\nburstsched_trace_spans_queued ")[1].split()[0]) >= 2  # admission, schedule
 
     spans = rx.receiver.by_trace(trace_id)
     (server,) = _by_name(spans, "POST /v1/chat/completions")
