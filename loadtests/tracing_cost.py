@@ -227,6 +227,12 @@ def problems(results: list[VariantResult], received: int) -> list[str]:
     return found
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (reports carry no machine's paths)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -265,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     for problem in found:
         print(f"error: {problem}", file=sys.stderr)
     setup = {
-        "config": str(args.config),
+        "config": _shown(args.config),
         "requests": args.requests,
         "warmup": args.warmup,
         "python": platform.python_version(),
