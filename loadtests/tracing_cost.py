@@ -57,6 +57,7 @@ from loadtests.recording_cost import (
     FakeReplica,
     InProcessClient,
     Variant,
+    _us,
     alternate,
     request_body,
 )
@@ -87,10 +88,6 @@ def router_config(base: RouterConfig, traces_url: str | None) -> RouterConfig:
     tracing = TracingConfig(enabled=traces_url is not None, endpoint=traces_url, sample_ratio=1.0)
     endpoints = [EndpointConfig(name=ENDPOINT, url=ENDPOINT_URL)]
     return base.model_copy(update={"endpoints": endpoints, "tracing": tracing})
-
-
-def _us(ns: float) -> float:
-    return round(ns / 1000.0, 2)
 
 
 async def _exported(tracing: Tracing, spans: int) -> None:

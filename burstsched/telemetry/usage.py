@@ -74,16 +74,10 @@ def from_json_body(body: bytes) -> ResponseInfo:
         usage = head.usage
         reasons = tuple(c.finish_reason for c in head.choices or () if c.finish_reason is not None)
         if usage is None:
-            return ResponseInfo(head.id, head.model, finish_reasons=reasons)
+            return _info(head.id, head.model, None, reasons)
         details = usage.prompt_tokens_details
-        return ResponseInfo(
-            head.id,
-            head.model,
-            input_tokens=_count(usage.prompt_tokens),
-            output_tokens=_count(usage.completion_tokens),
-            cached_tokens=_count(details.cached_tokens if details is not None else None),
-            finish_reasons=reasons,
-        )
+        cached = details.cached_tokens if details is not None else None
+        return _info(head.id, head.model, (usage.prompt_tokens, usage.completion_tokens, cached), reasons)
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -123,17 +117,25 @@ def _from_payloads(payloads: list[dict[str, Any]]) -> ResponseInfo:
                 if isinstance(reason, str):
                     reasons.append(reason)
     if usage is None:
-        return ResponseInfo(response_id, model, finish_reasons=tuple(reasons))
+        return _info(response_id, model, None, tuple(reasons))
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return ResponseInfo(
-        response_id,
-        model,
-        input_tokens=_count(usage.get("prompt_tokens")),
-        output_tokens=_count(usage.get("completion_tokens")),
-        cached_tokens=_count(cached),
-        finish_reasons=tuple(reasons),
-    )
+    counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"), cached)
+    return _info(response_id, model, counts, tuple(reasons))
+
+
+def _info(
+    response_id: str | None,
+    model: str | None,
+    counts: tuple[object, object, object] | None,
+    reasons: tuple[str, ...],
+) -> ResponseInfo:
+    """A :class:`ResponseInfo`; ``counts`` (input, output, cached tokens as found) kept where they are
+    counts, None when the response had no usage."""
+    if counts is None:
+        return ResponseInfo(response_id, model, finish_reasons=reasons)
+    prompt, completion, cached = counts
+    return ResponseInfo(response_id, model, _count(prompt), _count(completion), _count(cached), reasons)
 
 
 def _count(value: object) -> int | None:
