@@ -21,7 +21,6 @@ is worth a bar of its own). A warm request's trace is then two spans: SERVER and
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -251,11 +250,11 @@ class RequestTrace:
         if self._full:
             self._admission = self._recorder.child(self._span, attr.SPAN_ADMISSION)
         else:
-            self._admission_started = time.time_ns()
+            self._admission_started = self._recorder.clock_ns()
 
     def admitted(self, outcome: AdmissionOutcome) -> None:
         """Admission decided: record its wait and the decision (spans or SERVER attributes, by detail)."""
-        now = time.time_ns()
+        now = self._recorder.clock_ns()
         bypass = str(outcome.role) == "bypass"
         values = _admission_attributes(outcome, bypass)
         values[attr.ADMISSION_WAITED_S] = outcome.waited_s
