@@ -3,7 +3,7 @@
     python loadtests/overhead.py [--duration 10] [--clients 1,32] [--backends 2]
         [--config config/default.yaml]
         [--peers sglang:cache_aware,vllm-router:round_robin] [--baseline-ref GIT_REF] [--no-trace]
-        [--api chat|completions] [--stream] [--slice 1] [--warmup 1]
+        [--no-floor] [--api chat|completions] [--stream] [--slice 1] [--warmup 1]
         [--json PATH] [--report loadtests/reports/overhead.md]
 
 Backends: ``--backends`` fake vLLM replicas (loadtests/fast_backend.py: uvloop, prebuilt answers, one process
@@ -14,7 +14,9 @@ Targets, each its own process over all backends, stopped by PID at the end (also
 ``burstsched`` (``burstsched serve --config``, tracing off); ``burstsched+trace`` (every request traced,
 OTLP/HTTP to ``python -m burstsched.telemetry.receiver``); with ``--baseline-ref``, ``before`` and
 ``before+trace``, the same from a temporary ``git worktree`` of that ref (this venv's interpreter,
-``PYTHONPATH`` = the worktree and its ``plugins/``); with ``--recording``, ``burstsched+rec`` records
+``PYTHONPATH`` = the worktree and its ``plugins/``); ``python-floor`` (unless ``--no-floor``), the same HTTP
+stack as burstsched (uvicorn, aiohttp) with no router logic between (loadtests/python_floor.py), so the
+rows show how much of burstsched's cost is its own; with ``--recording``, ``burstsched+rec`` records
 traffic (``recording:`` on, lines to a temporary file), and so does ``before+rec`` when there is a
 ``--baseline-ref``; and the ``--peers`` from their cached venvs
 (loadtests/peers; skipped with the reason when a venv is absent: ``python -m loadtests.peers`` builds them).
@@ -66,6 +68,7 @@ from loadtests.overhead_targets import (
     git_worktree,
     host_port,
     peer,
+    python_floor,
     received_spans,
     recording_config,
     trace_receiver,
@@ -97,6 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api", choices=tuple(PATHS), default="chat", help="the endpoint the clients call")
     parser.add_argument("--stream", action="store_true", help='requests say "stream": true (SSE answers)')
     parser.add_argument("--no-trace", dest="trace", action="store_false", help="skip the traced targets")
+    parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip the python-floor target")
     parser.add_argument(
         "--recording",
         action="store_true",
@@ -320,6 +324,8 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
                         label, router_config, backends, logdir, probe, env=env, tree=tree_path, traced=traced
                     )
                     await _start(stack, label, starting, targets, skipped)
+            if args.floor:
+                await _start(stack, "python-floor", python_floor(backends, logdir, probe), targets, skipped)
             for spec in peers:
                 await _start(stack, spec, peer(spec, backends, probe), targets, skipped)
             run = Run(targets, backends, receiver, probe, args.request_timeout)

@@ -191,7 +191,9 @@ def markdown_report(
         "`router µs/req`: user + system CPU time of the router's whole process group (all threads, from "
         "/proc) during its own slices, per successful request; `router cores`: the same per second; "
         "`idle cores`: its CPU per second while the other targets were loaded (scrapes, health checks). "
-        "`+p50 ms`: p50 latency minus direct's at the same concurrency. `direct`: straight to backend 0.",
+        "`+p50 ms`: p50 latency minus direct's at the same concurrency. `direct`: straight to backend 0. "
+        "`python-floor`: burstsched's HTTP stack (uvicorn, aiohttp) passing each request to the backends in "
+        "turn with nothing else: the least any router of that stack costs.",
     ]
     if spans is not None:
         per = f" ({spans / traced_requests:.2f} per request)" if traced_requests else ""

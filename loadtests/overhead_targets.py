@@ -36,6 +36,7 @@ from loadtests.http_load import Connection, post_request
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_BACKEND = Path(__file__).resolve().with_name("fast_backend.py")
+PYTHON_FLOOR = Path(__file__).resolve().with_name("python_floor.py")
 READY_TIMEOUT_S = 30.0
 
 
@@ -263,6 +264,22 @@ async def burstsched_router(
     log = logdir / f"{name.replace(':', '-').replace('+', '-')}.log"
     async with child_process(args, log, ready, env=run_env, cwd=tree or REPO) as proc:
         yield Target(name, url, (proc.pid,), traced)
+
+
+@asynccontextmanager
+async def python_floor(backends: Sequence[Backend], logdir: Path, probe: Probe) -> AsyncIterator[Target]:
+    """``loadtests/python_floor.py`` over all backends: burstsched's HTTP stack with no router in it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, str(PYTHON_FLOOR), "--port", str(port)]
+    for backend in backends:
+        args += ["--backend", backend.url]
+
+    async def ready() -> bool:
+        return await _http_ok(f"{url}/health") and await answers_probe(url, probe)
+
+    async with child_process(args, logdir / "python-floor.log", ready, env=untraced_env()) as proc:
+        yield Target("python-floor", url, (proc.pid,))
 
 
 # --- another git ref's tree ----------------------------------------------------------------------------

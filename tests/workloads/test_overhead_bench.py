@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from burstsched.pool.scrape import parse_vllm_metrics  # noqa: E402
+from burstsched.testing.ports import free_port  # noqa: E402
 from burstsched.wire.sse import aiter_data  # noqa: E402
 from loadtests.fast_backend import start_backend  # noqa: E402
 from loadtests.http_load import Connection, ResponseError, closed_loop, post_request, response_end  # noqa: E402
@@ -134,7 +135,7 @@ def test_baseline_worktree_runs_its_own_modules() -> None:
 
 
 def test_short_run_has_sane_rows(tmp_path: Path) -> None:
-    """About 8 s: two backends, burstsched with and without tracing, one level, one second each."""
+    """About 10 s: two backends, burstsched (traced too) and the floor, one level, a second each."""
     out = tmp_path / "overhead.json"
     args = ["--duration", "1", "--warmup", "0.3", "--clients", "4", "--peers", "none"]
     args += ["--json", str(out), "--report", str(tmp_path / "overhead.md")]
@@ -149,14 +150,53 @@ def test_short_run_has_sane_rows(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     rows = {row["target"]: row for row in result["rows"]}
-    assert set(rows) == {"direct", "burstsched", "burstsched+trace"}, result["skipped"]
+    assert set(rows) == {"direct", "burstsched", "burstsched+trace", "python-floor"}, result["skipped"]
     for row in rows.values():
         assert row["clients"] == 4 and row["requests"] > 0 and row["errors"] == 0
         assert row["p50_ms"] > 0 and row["p99_ms"] >= row["p50_ms"]
         assert row["client_cpu_us"] > 0
     assert rows["direct"]["router_cpu_us"] is None and rows["direct"]["added_p50_ms"] == 0
-    for name in ("burstsched", "burstsched+trace"):
+    for name in ("burstsched", "burstsched+trace", "python-floor"):
         assert rows[name]["router_cpu_us"] > 0 and rows[name]["backends_cpu_us"] > 0
         assert rows[name]["idle_cores"] is not None
     assert result["spans_received"] > 0 and result["traced_requests"] > 0
     assert "| burstsched+trace | 4 |" in (tmp_path / "overhead.md").read_text()
+
+
+async def test_python_floor_passes_answers_and_streams_through(backend_url: str) -> None:
+    """The floor proxy (its own process) gives the backend's answers back: whole with their length, and
+    streams event by event to ``[DONE]``."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "loadtests" / "python_floor.py"),
+        *("--port", str(port), "--backend", backend_url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=5
+        ) as client:
+            for _ in range(300):
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+            whole = await client.post("/v1/chat/completions", json={"model": MODEL, "messages": []})
+            assert whole.status_code == 200 and whole.json()["choices"][0]["message"]["content"] == "ok"
+            assert whole.headers["content-length"] == str(len(whole.content))
+            body = {"model": MODEL, "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"] == "text/event-stream"
+                data = [d async for d in aiter_data(response.aiter_text())]
+            assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] > 0
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
