@@ -34,6 +34,7 @@ ATTEMPTS_HEADER = b"x-burstsched-attempts"
 PREFIX_INDEX_HEADER = b"x-burstsched-prefix-index"
 PREFIX_BLOCKS_HEADER = b"x-burstsched-prefix-blocks"
 PREDICTED_CACHED_HEADER = b"x-burstsched-predicted-cached-tokens"
+PREDICTED_TTFT_HEADER = b"x-burstsched-predicted-ttft-ms"
 """How many endpoints were tried for the response (more than 1: it failed over)."""
 REQUEST_ID_HEADER = b"x-request-id"
 _UNSAFE_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -99,3 +100,9 @@ def prefix_headers(match: PrefixMatch | None, prompt_tokens: int | None) -> list
         predicted = min(match.matched_blocks, usable) * match.block_tokens
         out.append((PREDICTED_CACHED_HEADER, str(predicted).encode()))
     return out
+
+
+def predicted_ttft_header(seconds: float) -> tuple[bytes, bytes]:
+    """``x-burstsched-predicted-ttft-ms``: the serving endpoint's learned time to first token for this
+    request as it was sent (:class:`burstsched.framework.TtftEstimate`), for comparing with the real one."""
+    return (PREDICTED_TTFT_HEADER, f"{seconds * 1000.0:.1f}".encode())

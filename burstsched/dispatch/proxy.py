@@ -31,7 +31,7 @@ import httpx
 from starlette.types import Receive, Send
 
 from burstsched.dispatch.drain import Drainer
-from burstsched.dispatch.headers import client_response_headers, prefix_headers
+from burstsched.dispatch.headers import client_response_headers, predicted_ttft_header, prefix_headers
 from burstsched.dispatch.upstream import Upstream, UpstreamResponse
 from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, uncached_tokens
 from burstsched.pool import CircuitState, EndpointPool
@@ -113,6 +113,10 @@ class _Exchange:
     in the pool's ledger until the first token (or the end of the attempt)."""
     first_byte_at: float | None = None
     response_tail: bytes = b""
+    load_at_send: tuple[int, int] = (0, 1)
+    """The current attempt's endpoint's queued prefill (its own included) and in-flight requests (itself
+    included) right after it was counted there: what its time to first token is fitted against."""
+    sent_at: float = 0.0
 
 
 class _AttemptFailed(Exception):
@@ -261,6 +265,12 @@ class Dispatcher:
             queued = uncached_tokens(request, match)
             exchange.queued_prefill = queued if prefill_cap is None else min(queued, prefill_cap)
             self._pool.acquire(endpoint.name, exchange.queued_prefill, request.prompt_tokens)
+            exchange.load_at_send = self._pool.load(endpoint.name)
+            exchange.sent_at = time.monotonic()
+            if endpoint.ttft is not None:
+                ahead, in_flight = exchange.load_at_send
+                predicted = endpoint.ttft.predict(ahead, in_flight - 1)
+                exchange.prefix = [*exchange.prefix, predicted_ttft_header(predicted)]
             if not parsed.stream:  # its head comes with its whole answer: later requests must follow it now
                 self._on_dispatch(request, endpoint)
             if exchange.trace is not None:
@@ -376,6 +386,8 @@ class Dispatcher:
     async def _stream(self, upstream: UpstreamResponse, name: str, send: Send, exchange: _Exchange) -> None:
         chunks = upstream.iter_body()
         first = await self._first_chunk(chunks, name)
+        ahead, in_flight = exchange.load_at_send
+        self._pool.observe_ttft(name, ahead, in_flight - 1, time.monotonic() - exchange.sent_at)
         self._pool.prefill_done(name, exchange.queued_prefill)
         exchange.queued_prefill = 0
         self._pool.report_success(name)

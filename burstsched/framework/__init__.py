@@ -30,6 +30,7 @@ from burstsched.framework.types import (
     EndpointSnapshot,
     SchedRequest,
     ScoredEndpoint,
+    TtftEstimate,
     uncached_tokens,
 )
 from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
@@ -64,5 +65,6 @@ __all__ = [
     "SchedRequest",
     "ScoredEndpoint",
     "Scorer",
+    "TtftEstimate",
     "uncached_tokens",
 ]

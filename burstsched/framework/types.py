@@ -23,6 +23,27 @@ class ApiKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class TtftEstimate:
+    """An endpoint's time to first token as the router learned it (:mod:`burstsched.pool.ttft_fit`):
+    ``base_s + tokens · (per_token_s + per_token_per_seq_s · concurrent)`` for ``tokens`` prompt tokens to
+    compute there (queued ahead and its own) with ``concurrent`` other requests in flight; ``samples``: the
+    streams it was fitted on."""
+
+    base_s: float
+    per_token_s: float
+    per_token_per_seq_s: float
+    samples: int
+
+    def per_token(self, concurrent: int) -> float:
+        """Seconds per prompt token with ``concurrent`` other requests on the endpoint (never below 0)."""
+        return max(0.0, self.per_token_s + self.per_token_per_seq_s * max(0, concurrent))
+
+    def predict(self, tokens: float, concurrent: int) -> float:
+        """Seconds to the first token (never below 0)."""
+        return max(0.0, self.base_s + tokens * self.per_token(concurrent))
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointSnapshot:
     """One replica as the scheduler sees it at one moment.
 
@@ -34,7 +55,8 @@ class EndpointSnapshot:
     ``prefill_tokens_per_s`` is the replica's prefill speed learned from its metrics (None until known);
     ``engine_tokens_per_prompt_token`` how many of the replica's tokens one of the router's prompt tokens
     came to on the requests it sent there (its ``prompt_tokens`` counter over the router's count; None until
-    known): with approximate hashing, about 1.9 for chat text where a pseudo-token is 4 bytes.
+    known): with approximate hashing, about 1.9 for chat text where a pseudo-token is 4 bytes. ``ttft`` is
+    its time to first token as learned from the streams the router sent there (None until fitted).
     """
 
     name: str
@@ -52,6 +74,7 @@ class EndpointSnapshot:
     queued_prefill_tokens: int = 0
     prefill_tokens_per_s: float | None = None
     engine_tokens_per_prompt_token: float | None = None
+    ttft: TtftEstimate | None = None
 
     @property
     def capacity_tokens(self) -> int | None:

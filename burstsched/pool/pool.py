@@ -26,6 +26,7 @@ from burstsched.config import EndpointConfig, PoolConfig
 from burstsched.framework import EndpointSnapshot
 from burstsched.pool.circuit import CircuitBreaker, CircuitSettings, CircuitState
 from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMetrics
+from burstsched.pool.ttft_fit import TtftFit
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class _EndpointState:
     token_baseline: tuple[float, int] | None = None
     """The replica's prompt-token counter and :attr:`sent_prompt_tokens` when the count began."""
     engine_tokens_per_prompt_token: float | None = None
+    ttft: TtftFit = field(default_factory=TtftFit)
+    """Time to first token against the router's own counts, fitted on the streams sent here."""
     failures: int = 0
     failed_checks: int = 0
     model_cards: tuple[dict[str, Any], ...] | None = None
@@ -167,6 +170,7 @@ class EndpointPool:
             queued_prefill_tokens=state.queued_prefill,
             prefill_tokens_per_s=state.prefill_rate,
             engine_tokens_per_prompt_token=state.engine_tokens_per_prompt_token,
+            ttft=state.ttft.estimate(),
         )
 
     def snapshot(self, name: str) -> EndpointSnapshot:
@@ -241,6 +245,17 @@ class EndpointPool:
         state.in_flight += 1
         state.queued_prefill += prefill_tokens
         state.sent_prompt_tokens += prompt_tokens
+
+    def load(self, name: str) -> tuple[int, int]:
+        """``name``'s queued prefill tokens and in-flight requests as the router counts them (read right
+        after :meth:`acquire`, the features a stream's :meth:`observe_ttft` is later fitted on)."""
+        state = self._state(name)
+        return state.queued_prefill, state.in_flight
+
+    def observe_ttft(self, name: str, tokens: int, concurrent: int, seconds: float) -> None:
+        """A stream sent to ``name`` with ``tokens`` queued prefill there (its own included) and
+        ``concurrent`` other requests in flight gave its first chunk after ``seconds``."""
+        self._state(name).ttft.observe(tokens, concurrent, seconds)
 
     def prefill_done(self, name: str, prefill_tokens: int) -> None:
         """A request sent with :meth:`acquire` produced its first token: its prefill is no longer queued."""

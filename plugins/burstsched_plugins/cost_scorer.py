@@ -10,6 +10,14 @@ pseudo-tokens of about 4 bytes):
     ttft_e   = overhead_s + (queue_e + own_e) / rate_e · (1 + decode_slowdown · running_e)
     cost_e   = ttft_e + work_weight · own_e / rate_e
 
+Once the router has fitted an endpoint's time to first token on the streams it sent there (the snapshot's
+``ttft``, :mod:`burstsched.pool.ttft_fit`) and ``learned`` is on, that fit prices it instead:
+
+    ttft_e   = base_e + (queue_e + own_e) · (per_token_e + per_token_per_seq_e · in_flight_e)
+
+with the same work term at the same cost per token: the replica's fixed cost, speed and slowdown under
+load are then its own, as measured, not the parameters below.
+
 ``rate_e`` is the replica's prefill speed learned from its metrics (``prefill_tokens_per_s`` of the snapshot);
 until it is known, the mean of the other candidates' (or ``default_prefill_tokens_per_s`` when none is), so
 unequal replicas are weighed by their own speed and an unmeasured one is neither favoured nor shunned. A
@@ -78,6 +86,12 @@ class CostParameters(PluginParameters):
         description="Weight of the prefill work a choice adds to the pool (delaying later requests), "
         "relative to this request's own time to first token.",
     )
+    learned: bool = Field(
+        default=True,
+        description="Once an endpoint's time to first token has been fitted on the streams the router sent "
+        "there (its snapshot's ttft), price it by that fit instead of the parameters above: its own fixed "
+        "cost, seconds per token and slowdown per request in flight.",
+    )
 
 
 class CostScorer:
@@ -107,6 +121,11 @@ class CostScorer:
             own = uncached_tokens(request, state.get(e.name, PrefixMatch)) + tail
             others = 0 if e.stale else max(0, e.waiting - e.in_flight)
             queue = e.queued_prefill_tokens + (e.pending + others) * own
+            fit = e.ttft if p.learned else None
+            if fit is not None:
+                per_token = fit.per_token(e.in_flight)
+                out[e.name] = fit.base_s + (queue + own) * per_token + p.work_weight * own * per_token
+                continue
             rate = e.prefill_tokens_per_s or mean_rate
             if abs(rate / mean_rate - 1.0) <= p.speed_tolerance:
                 rate = mean_rate  # alike replicas are alike: noise in the learned speeds must not steer

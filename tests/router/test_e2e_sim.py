@@ -237,3 +237,38 @@ def test_router_thread_serves_from_synchronous_code() -> None:
             assert response.status_code == 200
             assert response.headers["x-burstsched-endpoint"] in pool.names
             router.app.state.router.scheduler.reset()
+
+
+@pytest.mark.anyio
+async def test_streams_fit_each_replicas_ttft_and_responses_carry_the_prediction() -> None:
+    """Through config/cost.yaml: every stream's first chunk feeds its replica's fit; once a replica has 20,
+    its streams say what TTFT it predicted (and not before)."""
+    rng = random.Random(11)
+    contexts = [_context(rng, chars) for chars in (1_000, 3_000, 6_000, 9_000, 12_000, 16_000)]
+    async with (
+        SimPool(2, SimConfig(time_scale=0.1)) as sim_pool,  # prefill times well above the HTTP path's noise
+        running_router(_config(sim_pool, "cost.yaml"), rng=random.Random(7)) as router,
+        httpx.AsyncClient(base_url=router.url, timeout=30) as client,
+    ):
+        pool = router.app.state.router.pool
+        predicted: list[float] = []
+        with anyio.fail_after(60):
+            for i in range(60):
+                body = _chat(
+                    f"{rng.choice(contexts)} Question {i}: {uuid.UUID(int=rng.getrandbits(128))}?",
+                    stream=True,
+                    max_tokens=2,
+                )
+                fitted = {name: pool.snapshot(name).ttft for name in pool.names}
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    assert response.status_code == 200
+                    endpoint = response.headers["x-burstsched-endpoint"]
+                    header = response.headers.get("x-burstsched-predicted-ttft-ms")
+                    assert (header is not None) == (fitted[endpoint] is not None)
+                    await response.aread()
+                    if header is not None:
+                        predicted.append(float(header))
+    samples = [snapshot.ttft.samples for snapshot in pool.snapshots() if snapshot.ttft is not None]
+    assert sum(samples) >= 40 and predicted  # 60 streams fed the fits; the later ones carried predictions
+    # a prediction is a time to first token, not a placeholder (its accuracy: tests/router/test_ttft_fit.py)
+    assert all(0.0 < p < 10_000.0 for p in predicted)

@@ -1,0 +1,116 @@
+"""Each endpoint's time to first token, fitted online: the fit, the pool's counts it is fitted on, the cost
+scorer that prices by it, and the predicted TTFT a stream's response carries."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+from burstsched_plugins.cost_scorer import CostParameters, CostScorer
+
+from burstsched.config import EndpointConfig, PoolConfig
+from burstsched.dispatch import HttpxUpstream, getter
+from burstsched.framework import (
+    ApiKind,
+    CycleState,
+    EndpointSnapshot,
+    PluginContext,
+    SchedRequest,
+    TtftEstimate,
+)
+from burstsched.pool import EndpointPool
+from burstsched.pool.ttft_fit import TtftFit
+
+
+def _draw(fit: TtftFit, rng: random.Random, n: int, truth: TtftEstimate, noise_s: float = 0.0) -> None:
+    for _ in range(n):
+        tokens = rng.choice([rng.uniform(0, 200), rng.uniform(1500, 9000)])  # warm tails and cold prompts
+        concurrent = rng.randrange(0, 6)
+        fit.observe(tokens, concurrent, truth.predict(tokens, concurrent) + rng.gauss(0.0, noise_s))
+
+
+def test_the_fit_recovers_a_replicas_coefficients() -> None:
+    truth = TtftEstimate(0.03, 1 / 5000, 1 / 20000, 0)
+    fit = TtftFit(min_samples=20)
+    _draw(fit, random.Random(1), 19, truth)
+    assert fit.estimate() is None  # too few streams yet
+    _draw(fit, random.Random(2), 200, truth)
+    estimate = fit.estimate()
+    assert estimate is not None and estimate.samples == 219
+    assert estimate.base_s == pytest.approx(0.03, rel=0.01)
+    assert estimate.per_token_s == pytest.approx(1 / 5000, rel=0.01)
+    assert estimate.per_token_per_seq_s == pytest.approx(1 / 20000, rel=0.01)
+
+
+def test_the_fit_follows_a_replica_that_slows_down() -> None:
+    fit = TtftFit()
+    rng = random.Random(3)
+    _draw(fit, rng, 300, TtftEstimate(0.02, 1 / 8000, 0.0, 0), noise_s=0.005)
+    slower = TtftEstimate(0.02, 1 / 2000, 0.0, 0)  # a neighbour now shares its CPU
+    _draw(fit, rng, 300, slower, noise_s=0.005)
+    estimate = fit.estimate()
+    assert estimate is not None
+    for tokens, concurrent in ((100, 0), (3000, 2), (8000, 5)):
+        assert estimate.predict(tokens, concurrent) == pytest.approx(
+            slower.predict(tokens, concurrent), rel=0.1
+        )
+
+
+def test_no_estimate_while_the_slope_is_not_positive() -> None:
+    fit = TtftFit(min_samples=5)
+    for tokens in (100, 2000, 4000, 6000, 8000, 9000, 9500):
+        fit.observe(tokens, 0, 1.0 - tokens / 10000)  # longer prompts faster: nonsense, so withheld
+    assert fit.estimate() is None
+    fit.observe(-1, 0, 0.5)  # impossible readings are ignored
+    fit.observe(10, 0, -0.5)
+    assert fit.samples == 7
+
+
+def test_an_estimate_never_predicts_below_zero() -> None:
+    estimate = TtftEstimate(-0.5, 1 / 1000, -1.0, 30)
+    assert estimate.per_token(3) == 0.0 and estimate.predict(100, 3) == 0.0
+    assert estimate.predict(2000, 0) == pytest.approx(1.5)
+
+
+@pytest.mark.anyio
+async def test_the_pool_fits_each_endpoint_on_its_own_streams() -> None:
+    fetch = getter(HttpxUpstream(httpx.MockTransport(lambda _: httpx.Response(200, json={}))))
+    endpoints = [EndpointConfig(url="http://a:1", name="a"), EndpointConfig(url="http://b:1", name="b")]
+    pool = EndpointPool(endpoints, PoolConfig(), fetch, clock=lambda: 0.0)
+    pool.acquire("a", 3000)
+    pool.acquire("a", 200)
+    assert pool.load("a") == (3200, 2) and pool.load("b") == (0, 0)
+    rng = random.Random(4)
+    truth = TtftEstimate(0.05, 1 / 4000, 1 / 40000, 0)
+    for _ in range(40):
+        tokens, concurrent = rng.uniform(0, 8000), rng.randrange(4)
+        pool.observe_ttft("a", int(tokens), concurrent, truth.predict(int(tokens), concurrent))
+    fitted = pool.snapshot("a").ttft
+    assert fitted is not None and fitted.samples == 40
+    assert fitted.predict(5000, 2) == pytest.approx(truth.predict(5000, 2), rel=0.02)
+    assert pool.snapshot("b").ttft is None
+
+
+def _request(prompt_tokens: int) -> SchedRequest:
+    return SchedRequest(request_id="r", model="m", api=ApiKind.CHAT, prompt_tokens=prompt_tokens)
+
+
+def test_the_cost_scorer_prices_by_the_learned_fit() -> None:
+    """Two idle replicas with the same metrics-learned speed; the fits say b is 3x slower per token and
+    slows with load. A cold prompt goes to a; with ``learned`` off they tie."""
+    fast = TtftEstimate(0.02, 1 / 6000, 0.0, 50)
+    slow = TtftEstimate(0.02, 1 / 2000, 1 / 10000, 50)
+    endpoints = [
+        EndpointSnapshot(name="a", url="http://a", prefill_tokens_per_s=4000.0, ttft=fast),
+        EndpointSnapshot(name="b", url="http://b", prefill_tokens_per_s=4000.0, ttft=slow, in_flight=1),
+    ]
+    context = PluginContext(rng=random.Random(0))
+    learned = CostScorer("cost", CostParameters(), context)
+    costs = learned.costs(_request(3000), endpoints, CycleState())
+    assert costs["a"] == pytest.approx(0.02 + 2 * 3000 / 6000)
+    assert costs["b"] == pytest.approx(0.02 + 2 * 3000 * (1 / 2000 + 1 / 10000))
+    scores = learned.score(_request(3000), endpoints, CycleState())
+    assert scores["a"] == 1.0 and scores["b"] < 0.5
+    parametric = CostScorer("cost", CostParameters(learned=False), context)
+    assert parametric.score(_request(3000), endpoints, CycleState()) == {"a": 1.0, "b": 1.0}
