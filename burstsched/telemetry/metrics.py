@@ -139,6 +139,13 @@ class _EndpointCollector(Collector):
             "The endpoint's prefill speed learned from its metrics (absent until known).",
             labels=["endpoint"],
         )
+        fitted = GaugeMetricFamily(
+            "burstsched_endpoint_ttft_model",
+            "The endpoint's time to first token as fitted on the streams the router sent there (absent until "
+            "fitted): TTFT = base_seconds + tokens * (seconds_per_token + seconds_per_token_per_request * "
+            "other requests in flight), by coefficient; samples: streams it was fitted on.",
+            labels=["endpoint", "coefficient"],
+        )
         age = GaugeMetricFamily(
             "burstsched_endpoint_metrics_age_seconds",
             "Seconds since the endpoint's last successful metrics scrape (absent before the first).",
@@ -151,9 +158,14 @@ class _EndpointCollector(Collector):
             queued.add_metric([snap.name], float(snap.queued_prefill_tokens))
             if snap.prefill_tokens_per_s is not None:
                 speed.add_metric([snap.name], snap.prefill_tokens_per_s)
+            if snap.ttft is not None:
+                fitted.add_metric([snap.name, "base_seconds"], snap.ttft.base_s)
+                fitted.add_metric([snap.name, "seconds_per_token"], snap.ttft.per_token_s)
+                fitted.add_metric([snap.name, "seconds_per_token_per_request"], snap.ttft.per_token_per_seq_s)
+                fitted.add_metric([snap.name, "samples"], float(snap.ttft.samples))
             if snap.metrics_age != float("inf"):
                 age.add_metric([snap.name], snap.metrics_age)
-        return [healthy, stale, in_flight, queued, speed, age]
+        return [healthy, stale, in_flight, queued, speed, fitted, age]
 
 
 class _IndexCollector(Collector):

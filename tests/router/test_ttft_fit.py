@@ -114,3 +114,16 @@ def test_the_cost_scorer_prices_by_the_learned_fit() -> None:
     assert scores["a"] == 1.0 and scores["b"] < 0.5
     parametric = CostScorer("cost", CostParameters(learned=False), context)
     assert parametric.score(_request(3000), endpoints, CycleState()) == {"a": 1.0, "b": 1.0}
+
+
+def test_metrics_show_each_endpoints_fit() -> None:
+    from burstsched.telemetry.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    fitted = EndpointSnapshot(name="a", url="http://a", ttft=TtftEstimate(0.025, 0.0002, 0.00001, 42))
+    metrics.watch_endpoints(lambda: [fitted, EndpointSnapshot(name="b", url="http://b")])
+    page = metrics.render().decode()
+    assert 'burstsched_endpoint_ttft_model{coefficient="base_seconds",endpoint="a"} 0.025' in page
+    assert 'burstsched_endpoint_ttft_model{coefficient="seconds_per_token",endpoint="a"} 0.0002' in page
+    assert 'burstsched_endpoint_ttft_model{coefficient="samples",endpoint="a"} 42.0' in page
+    assert 'endpoint="b"' not in "\n".join(line for line in page.splitlines() if "ttft_model{" in line)
