@@ -214,6 +214,7 @@ async def run_with_retries(
             rate=rate,
             max_tokens=args.max_tokens,
             block_size=cache.block_size,
+            partition=(args.replicas, cache.num_gpu_blocks - 1),  # vLLM keeps one block back
             drain_timeout_s=args.drain_timeout,
             progress=progress_line(target.label, rate),
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -210,6 +211,57 @@ def ideal_hits(
         else:
             seen.add(document)
             hits.append(0)
+    return hits
+
+
+def partitioned_hits(
+    documents: Sequence[int],
+    shared_tokens: Sequence[int],
+    prompt_tokens: Sequence[int],
+    block_size: int,
+    *,
+    replicas: int,
+    capacity_blocks: int,
+) -> list[int]:
+    """Per request, the hit (tokens) of perfect document affinity on ``replicas`` LRU caches of
+    ``capacity_blocks`` blocks each, as vLLM's prefix cache evicts.
+
+    Each document lives on one replica, never two: documents are dealt out most requested first, each to
+    the replica with the fewest requests so far, so the load is even. A request hits its document's full
+    shared blocks (capped as in :func:`ideal_hits`) while they are cached, else computes and caches them,
+    evicting the least recently used documents. Questions never fill a block here and are not cached. What
+    this gives is the hit rate of placement that wastes no cache on copies; a router can beat it only by
+    choosing which documents the caches keep (not by LRU's rule), e.g. sending rarely asked ones where
+    they evict nothing popular.
+    """
+    if block_size < 1 or replicas < 1:
+        raise ValueError("block_size and replicas must be >= 1")
+    if len(documents) != len(prompt_tokens):
+        raise ValueError("one prompt length per request")
+    asked = Counter(documents)
+    owner: dict[int, int] = {}
+    load = [0] * replicas
+    for document, count in sorted(asked.items(), key=lambda item: (-item[1], item[0])):
+        replica = min(range(replicas), key=lambda r: (load[r], r))
+        owner[document] = replica
+        load[replica] += count
+    caches: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(replicas)]
+    used = [0] * replicas
+    hits: list[int] = []
+    for document, prompt in zip(documents, prompt_tokens, strict=True):
+        replica = owner[document]
+        cache = caches[replica]
+        blocks = shared_tokens[document] // block_size
+        if document in cache:
+            cache.move_to_end(document)
+            hits.append(max(0, min(blocks * block_size, (prompt - 1) // block_size * block_size)))
+            continue
+        hits.append(0)
+        cache[document] = blocks
+        used[replica] += blocks
+        while used[replica] > capacity_blocks and cache:
+            _, evicted = cache.popitem(last=False)
+            used[replica] -= evicted
     return hits
 
 

@@ -17,6 +17,7 @@ COLUMNS = (
     "ok",
     "fail",
     "hit rate",
+    "LRU bound",
     "ideal",
     "TTFT p50 / p95 / p99 ms",
     "req/s",
@@ -36,6 +37,7 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         str(s.completed),
         str(s.failures),
         _pct(s.hit_rate),
+        _pct(s.cache_bound_hit_rate),
         _pct(s.ideal_hit_rate),
         f"{_num(s.ttft_p50_ms)} / {_num(s.ttft_p95_ms)} / {_num(s.ttft_p99_ms)}",
         _num(s.throughput_rps, 2),
@@ -52,7 +54,10 @@ def markdown_table(summaries: Sequence[RunSummary]) -> str:
 
 
 NOTES = (
-    "hit rate: Σ Δ`vllm:prefix_cache_hits` / Σ Δ`vllm:prefix_cache_queries` over the replicas; ideal: "
+    "hit rate: Σ Δ`vllm:prefix_cache_hits` / Σ Δ`vllm:prefix_cache_queries` over the replicas; LRU bound: "
+    "perfect document affinity on the replicas' own caches (each document on one replica, documents dealt "
+    "out evenly by popularity, LRU eviction at the KV cache's size), over the same completed requests: "
+    "what placement that wastes no cache on copies gets; ideal: "
     "perfect document affinity with an infinite cache over the same completed requests (each document's "
     "first request cold, later ones hit every full block of the document part); TTFT client side "
     "(sending → first content); prefill tok/req: Δ`vllm:request_prefill_kv_computed_tokens_sum` / "

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
-from burstsched.workloads.docqa import Corpus, DocQARequest, ideal_hit_rate
+from burstsched.workloads.docqa import Corpus, DocQARequest, ideal_hit_rate, partitioned_hits
 from burstsched.workloads.open_loop import Clock, Progress, ProgressSink, measured_run, run_open_loop
 from burstsched.workloads.open_loop import RequestRecord as BaseRecord
 from burstsched.workloads.replica_metrics import ReplicaCounters
@@ -104,16 +104,28 @@ def summarize(
     deltas: Mapping[str, ReplicaCounters],
     corpus: Corpus,
     block_size: int,
+    partition: tuple[int, int] | None = None,
 ) -> RunSummary:
-    """The row of one run; its ideal is perfect document affinity over the completed requests."""
+    """The row of one run; its ideal is perfect document affinity over the completed requests, and with
+    ``partition`` (replicas, KV blocks each) its cache bound is that affinity on LRU caches of that size."""
     prompted = [r for r in records if r.ok and r.prompt_tokens is not None]
-    ideal = ideal_hit_rate(
-        [r.document for r in prompted],
-        corpus.shared_tokens,
-        [r.prompt_tokens or 0 for r in prompted],
-        block_size,
+    documents = [r.document for r in prompted]
+    prompts = [r.prompt_tokens or 0 for r in prompted]
+    summary = summarize_run(
+        target, rate, records, deltas, ideal_hit_rate(documents, corpus.shared_tokens, prompts, block_size)
     )
-    return summarize_run(target, rate, records, deltas, ideal)
+    if partition is None or not prompts or sum(prompts) == 0:
+        return summary
+    replicas, capacity_blocks = partition
+    hits = partitioned_hits(
+        documents,
+        corpus.shared_tokens,
+        prompts,
+        block_size,
+        replicas=replicas,
+        capacity_blocks=capacity_blocks,
+    )
+    return replace(summary, cache_bound_hit_rate=sum(hits) / sum(prompts))
 
 
 # -- one target ----------------------------------------------------------------------------------------
@@ -128,11 +140,14 @@ async def run_target(
     rate: float,
     max_tokens: int,
     block_size: int,
+    partition: tuple[int, int] | None = None,
     drain_timeout_s: float = 60.0,
     progress: ProgressSink | None = None,
     clock: Clock = time.perf_counter,
 ) -> TargetRun[RequestRecord]:
-    """Reset the replicas' prefix caches, open the target, run the sequence through it, close it."""
+    """Reset the replicas' prefix caches, open the target, run the sequence through it, close it.
+
+    ``partition``: (replicas, KV blocks each), for the summary's cache bound."""
 
     async def run(route: Route) -> list[RequestRecord]:
         return await run_sequence(
@@ -149,4 +164,5 @@ async def run_target(
         )
 
     records, deltas = await measured_run(client, target, endpoints, model, run)
-    return TargetRun(summarize(target.label, rate, records, deltas, corpus, block_size), records, deltas)
+    summary = summarize(target.label, rate, records, deltas, corpus, block_size, partition)
+    return TargetRun(summary, records, deltas)

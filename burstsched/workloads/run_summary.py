@@ -46,6 +46,8 @@ class RunSummary:
     replica_source: str
     makespan_s: float
     send_lag_p99_ms: float
+    cache_bound_hit_rate: float = math.nan
+    """The workload's hit rate of perfect affinity on the replicas' real (LRU) caches, where it has one."""
 
     @property
     def replica_max_over_mean(self) -> float:

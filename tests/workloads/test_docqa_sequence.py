@@ -20,6 +20,7 @@ from burstsched.workloads.docqa import (
     common_prefix_length,
     ideal_hit_rate,
     ideal_hits,
+    partitioned_hits,
 )
 from burstsched.workloads.zipf import ZipfSampler
 
@@ -133,6 +134,35 @@ def test_ideal_hits_stay_within_bounds(documents: list[int], shared: list[int], 
         if first_seen[documents[i]] == i:
             assert hit == 0
     assert 0.0 <= ideal_hit_rate(documents, shared, prompts, block) < 1.0
+
+
+def test_partitioned_hits_by_hand() -> None:
+    """Blocks of 4. Documents 0 (twice as popular) and 1 go to different replicas; 2 shares replica 1 with
+    document 1 and, the cache holding 2 blocks, evicts it; document 0 stays warm on replica 0."""
+    documents = [0, 1, 0, 2, 1, 0, 0]
+    shared = [8, 8, 8]
+    prompts = [12, 12, 12, 12, 12, 12, 12]
+    hits = partitioned_hits(documents, shared, prompts, 4, replicas=2, capacity_blocks=2)
+    assert hits == [0, 0, 8, 0, 0, 8, 8]
+    # one replica large enough for everything: the ideal's hits (each document's first request cold)
+    roomy = partitioned_hits(documents, shared, prompts, 4, replicas=1, capacity_blocks=100)
+    assert roomy == ideal_hits(documents, shared, prompts, 4)
+
+
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    st.lists(st.integers(1, 200), min_size=6, max_size=6),
+    st.integers(1, 4),
+    st.integers(0, 80),
+)
+@settings(max_examples=60, deadline=None)
+def test_partitioned_hits_never_beat_the_ideal(
+    documents: list[int], shared: list[int], replicas: int, capacity: int
+) -> None:
+    prompts = [shared[d] + 5 for d in documents]
+    bound = partitioned_hits(documents, shared, prompts, 8, replicas=replicas, capacity_blocks=capacity)
+    for hit, ideal in zip(bound, ideal_hits(documents, shared, prompts, 8), strict=True):
+        assert 0 <= hit <= ideal
 
 
 # -- corpus --------------------------------------------------------------------------------------------
