@@ -230,9 +230,9 @@ def partitioned_hits(
     the replica with the fewest requests so far, so the load is even. A request hits its document's full
     shared blocks (capped as in :func:`ideal_hits`) while they are cached, else computes and caches them,
     evicting the least recently used documents. Questions never fill a block here and are not cached. What
-    this gives is the hit rate of placement that wastes no cache on copies; a router can beat it only by
-    choosing which documents the caches keep (not by LRU's rule), e.g. sending rarely asked ones where
-    they evict nothing popular.
+    this gives is the hit rate of even placement that wastes no cache on copies. It is a yardstick, not a
+    ceiling: a router beats it by choosing which documents the caches keep, e.g. sending rarely asked
+    ones where they evict nothing popular, at the price of uneven load.
     """
     if block_size < 1 or replicas < 1:
         raise ValueError("block_size and replicas must be >= 1")

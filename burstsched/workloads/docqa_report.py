@@ -17,7 +17,7 @@ COLUMNS = (
     "ok",
     "fail",
     "hit rate",
-    "LRU bound",
+    "LRU affinity",
     "ideal",
     "TTFT p50 / p95 / p99 ms",
     "req/s",
@@ -54,10 +54,11 @@ def markdown_table(summaries: Sequence[RunSummary]) -> str:
 
 
 NOTES = (
-    "hit rate: Σ Δ`vllm:prefix_cache_hits` / Σ Δ`vllm:prefix_cache_queries` over the replicas; LRU bound: "
+    "hit rate: Σ Δ`vllm:prefix_cache_hits` / Σ Δ`vllm:prefix_cache_queries` over the replicas; LRU affinity: "
     "perfect document affinity on the replicas' own caches (each document on one replica, documents dealt "
     "out evenly by popularity, LRU eviction at the KV cache's size), over the same completed requests: "
-    "what placement that wastes no cache on copies gets; ideal: "
+    "what even placement that wastes no cache on copies gets, a yardstick rather than a ceiling (uneven "
+    "placement keeps more documents where they are asked most); ideal: "
     "perfect document affinity with an infinite cache over the same completed requests (each document's "
     "first request cold, later ones hit every full block of the document part); TTFT client side "
     "(sending → first content); prefill tok/req: Δ`vllm:request_prefill_kv_computed_tokens_sum` / "

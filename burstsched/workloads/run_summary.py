@@ -47,7 +47,8 @@ class RunSummary:
     makespan_s: float
     send_lag_p99_ms: float
     cache_bound_hit_rate: float = math.nan
-    """The workload's hit rate of perfect affinity on the replicas' real (LRU) caches, where it has one."""
+    """The workload's hit rate of even, perfect affinity on the replicas' real (LRU) caches, where it has
+    one: a yardstick for placement under the cache's size, not a ceiling."""
 
     @property
     def replica_max_over_mean(self) -> float:

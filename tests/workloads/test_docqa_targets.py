@@ -92,6 +92,14 @@ def test_summary_combines_client_and_replica_measurements() -> None:
     assert s.send_lag_p99_ms == pytest.approx(0.0)
     row = markdown_table([s]).splitlines()[-1]
     assert "26.7%" in row and "53.3%" in row and "2/1 (client)" in row
+    assert math.isnan(s.cache_bound_hit_rate) and "| -" in row  # no partition given: no LRU affinity
+    # on 2 replicas of 2 blocks, document 0's 2 blocks stay cached: the ideal's hits
+    roomy = summarize("t", 2.0, records, deltas, corpus, block_size=16, partition=(2, 2))
+    assert roomy.cache_bound_hit_rate == pytest.approx(64 / 120)
+    # a 1-block cache cannot hold a document: nothing hits
+    tight = summarize("t", 2.0, records, deltas, corpus, block_size=16, partition=(2, 1))
+    assert tight.cache_bound_hit_rate == 0.0
+    assert "| 0.0%" in markdown_table([tight]).splitlines()[-1]
 
 
 def test_summary_falls_back_to_counters_without_a_replica_name() -> None:
