@@ -206,12 +206,17 @@ def ideal_hits(
     hits: list[int] = []
     for document, prompt in zip(documents, prompt_tokens, strict=True):
         if document in seen:
-            shared = shared_tokens[document] // block_size * block_size
-            hits.append(max(0, min(shared, (prompt - 1) // block_size * block_size)))
+            hits.append(_hit(shared_tokens[document], prompt, block_size))
         else:
             seen.add(document)
             hits.append(0)
     return hits
+
+
+def _hit(shared_tokens: int, prompt_tokens: int, block_size: int) -> int:
+    """A cached document's hit: its full shared blocks, at most the prompt less one token in whole blocks."""
+    shared = shared_tokens // block_size * block_size
+    return max(0, min(shared, (prompt_tokens - 1) // block_size * block_size))
 
 
 def partitioned_hits(
@@ -251,12 +256,12 @@ def partitioned_hits(
     for document, prompt in zip(documents, prompt_tokens, strict=True):
         replica = owner[document]
         cache = caches[replica]
-        blocks = shared_tokens[document] // block_size
         if document in cache:
             cache.move_to_end(document)
-            hits.append(max(0, min(blocks * block_size, (prompt - 1) // block_size * block_size)))
+            hits.append(_hit(shared_tokens[document], prompt, block_size))
             continue
         hits.append(0)
+        blocks = shared_tokens[document] // block_size
         cache[document] = blocks
         used[replica] += blocks
         while used[replica] > capacity_blocks and cache:

@@ -107,14 +107,14 @@ def summarize(
     partition: tuple[int, int] | None = None,
 ) -> RunSummary:
     """The row of one run; its ideal is perfect document affinity over the completed requests, and with
-    ``partition`` (replicas, KV blocks each) its cache bound is that affinity on LRU caches of that size."""
+    ``partition`` (replicas, KV blocks each) its LRU affinity is that affinity on LRU caches of that size."""
     prompted = [r for r in records if r.ok and r.prompt_tokens is not None]
     documents = [r.document for r in prompted]
     prompts = [r.prompt_tokens or 0 for r in prompted]
     summary = summarize_run(
         target, rate, records, deltas, ideal_hit_rate(documents, corpus.shared_tokens, prompts, block_size)
     )
-    if partition is None or not prompts or sum(prompts) == 0:
+    if partition is None or sum(prompts) == 0:
         return summary
     replicas, capacity_blocks = partition
     hits = partitioned_hits(
@@ -147,7 +147,7 @@ async def run_target(
 ) -> TargetRun[RequestRecord]:
     """Reset the replicas' prefix caches, open the target, run the sequence through it, close it.
 
-    ``partition``: (replicas, KV blocks each), for the summary's cache bound."""
+    ``partition``: (replicas, KV blocks each), for the summary's LRU affinity."""
 
     async def run(route: Route) -> list[RequestRecord]:
         return await run_sequence(
