@@ -8,7 +8,7 @@ burstsched's responses carry ``x-burstsched-predicted-ttft-ms`` once their repli
 and split into warm (at least half the prompt served from the replica's cache, by the response's usage)
 and cold: how many, the actual and predicted medians, the mean error (bias: negative is an
 under-prediction), the mean absolute error, and the relative error's median and 90th percentile. The
-actual TTFT is the client's (sending to the first content), the prediction the router's (dispatch to the
+actual TTFT is the client's (sending to the first token), the prediction the router's (dispatch to the
 first chunk), so the router's own time is in the bias.
 """
 

@@ -3,7 +3,8 @@
 Each request is sent at its arrival time whatever happened to the ones before (a request may instead be
 told to follow an earlier one: it then also waits until that one has finished, as a chat user waits for
 the answer before typing the next turn), streamed to its end, and recorded with its client-side TTFT
-(sending → first non-empty ``delta.content``), its usage (``prompt_tokens``,
+(sending → the first chunk carrying a choice, i.e. the first token; the first non-empty text is recorded
+apart), its usage (``prompt_tokens``,
 ``prompt_tokens_details.cached_tokens``) and every ``x-burstsched-*`` response header.
 :func:`measured_run` wraps a run in the replicas' counter snapshots, after resetting their prefix caches.
 The workloads (document QA, the multi-tenant chat) say what each request's body is.
@@ -41,6 +42,9 @@ class RequestRecord:
     sent_s: float | None = None
     status: int | None = None
     ttft_ms: float | None = None
+    """Sending to the first token (the first chunk carrying a choice)."""
+    first_content_ms: float | None = None
+    """Sending to the first non-empty text; later than ``ttft_ms`` when the first tokens decode to none."""
     e2e_ms: float | None = None
     replica: str | None = None
     prompt_tokens: int | None = None
@@ -71,6 +75,7 @@ class RequestRecord:
             "sent_s": None if self.sent_s is None else round(self.sent_s, 6),
             "status": self.status,
             "ttft_ms": self.ttft_ms,
+            "first_content_ms": self.first_content_ms,
             "e2e_ms": self.e2e_ms,
             "replica": self.replica,
             "prompt_tokens": self.prompt_tokens,
@@ -123,6 +128,7 @@ async def send_chat(
         return
     record.status = result.status
     record.ttft_ms = None if result.ttft_s is None else result.ttft_s * 1000
+    record.first_content_ms = None if result.first_content_s is None else result.first_content_s * 1000
     record.e2e_ms = result.e2e_s * 1000
     record.headers = {k: v for k, v in result.headers.items() if k.lower().startswith(HEADER_PREFIX)}
     record.replica = dispatch.replica or record.headers.get(ENDPOINT_HEADER)
@@ -133,7 +139,7 @@ async def send_chat(
     if result.error is not None:
         record.error = str(result.error.get("message", result.error))[:300]
     elif result.status == 200 and result.ttft_s is None:
-        record.error = "stream ended without content"
+        record.error = "stream ended without a token"
 
 
 def _int_or_none(value: Any) -> int | None:
