@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import anyio
 import httpx
 
+from burstsched.workloads.quiet_gc import quiet_gc
 from burstsched.workloads.replica_metrics import ReplicaCounters
 from burstsched.workloads.replica_state import reset_prefix_caches, settled_snapshot, snapshot
 from burstsched.workloads.stream_client import stream_chat
@@ -162,7 +163,35 @@ async def run_open_loop(
     """Send each record's request (``body_of``) at its ``arrival_s`` (``records`` in arrival order, each
     ``index`` its position); with ``follows``, a request also waits for the earlier one at the position
     it names to finish. Waits for all, at most ``drain_timeout_s`` after the last arrival; a request still
-    running or waiting then is cancelled and recorded as failed."""
+    running or waiting then is cancelled and recorded as failed. The collector is kept quiet meanwhile
+    (:func:`~burstsched.workloads.quiet_gc.quiet_gc`)."""
+    with quiet_gc():
+        return await _run(
+            client,
+            route,
+            records,
+            body_of,
+            follows,
+            tag,
+            drain_timeout_s,
+            clock,
+            progress,
+            progress_interval_s,
+        )
+
+
+async def _run(
+    client: httpx.AsyncClient,
+    route: Route,
+    records: Sequence[R],
+    body_of: Callable[[R], Mapping[str, Any]],
+    follows: Callable[[R], int | None] | None,
+    tag: str,
+    drain_timeout_s: float,
+    clock: Clock,
+    progress: ProgressSink | None,
+    progress_interval_s: float,
+) -> list[R]:
     start = clock()
     last_arrival = records[-1].arrival_s if records else 0.0
     slots = [_Slot(r, anyio.Event()) for r in records]
