@@ -74,6 +74,7 @@ from loadtests.replica_pool import (
     add_pool_arguments,
     kv_blocks_for,
     open_pool,
+    replicas_setup,
     sizing_replica,
     tokenizer_of,
 )
@@ -236,7 +237,7 @@ def describe(
     cache_blocks = args.replicas * (cache.num_gpu_blocks - 1)
     setup = {
         "backend": args.backend,
-        "replicas": str(args.replicas),
+        "replicas": replicas_setup(args),
         "KV cache per replica": f"{cache.num_gpu_blocks} blocks of {cache.block_size} tokens",
         "documents": f"{spec.documents}, Zipf exponent {spec.zipf_exponent}, "
         f"{min(corpus.shared_tokens)}-{max(corpus.shared_tokens)} shared tokens each",

@@ -35,6 +35,22 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-fraction", type=float, default=0.5)
     parser.add_argument("--block-size", type=int, default=16, help="simulator only (vLLM on CPU: 128)")
     parser.add_argument("--time-scale", type=float, default=0.1, help="simulator only")
+    parser.add_argument(
+        "--replica-cpu-quota",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="real vLLM only: cap each replica at CORES CPUs (a cgroup quota, root only), so the router "
+        "and the load generator get the rest of the cores whatever the routing",
+    )
+
+
+def replicas_setup(args: argparse.Namespace) -> str:
+    """The report's line on the replicas: how many, and their CPU cap if any."""
+    quota = getattr(args, "replica_cpu_quota", None)
+    if quota is None or args.backend != "vllm":
+        return str(args.replicas)
+    return f"{args.replicas}, each capped at {quota:g} CPU (a cgroup quota over all its processes)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,7 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
         max_model_len=max_model_len,
         prompt_tokens_details=True,
         kv_events=True,
+        cpu_quota_cores=args.replica_cpu_quota,
     )
     async with real_vllm_pool(args.replicas, vllm) as pool:
         router_args = event_args(

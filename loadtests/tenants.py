@@ -75,6 +75,7 @@ from loadtests.replica_pool import (
     kv_blocks_for,
     messages_tokenizer_of,
     open_pool,
+    replicas_setup,
     sizing_replica,
     tokenizer_of,
 )
@@ -287,7 +288,7 @@ def describe(
     spec = spec_of(args, 1.0)
     setup = {
         "backend": args.backend,
-        "replicas": str(args.replicas),
+        "replicas": replicas_setup(args),
         "KV cache per replica": f"{cache.num_gpu_blocks} blocks of {cache.block_size} tokens",
         "tenants": f"{spec.tenants}, Zipf exponent {spec.tenant_zipf} for new users; system prompts "
         f"{min(tenants.system_tokens)}-{max(tenants.system_tokens)} tokens",

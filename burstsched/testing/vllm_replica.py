@@ -19,6 +19,7 @@ import anyio
 import anyio.to_thread
 import httpx
 
+from burstsched.testing.cpu_quota import CpuQuota
 from burstsched.testing.ports import free_ports
 from burstsched.testing.tiny_model import ensure_model
 from burstsched.testing.vllm_env import venv_python, venv_ready
@@ -51,6 +52,9 @@ class VllmConfig:
     otlp_traces_endpoint: str | None = None
     extra_args: tuple[str, ...] = ()
     start_timeout_s: float = START_TIMEOUT_S
+    cpu_quota_cores: float | None = None
+    """Cap each replica (all its processes) at this many CPUs through a cgroup (see
+    :mod:`burstsched.testing.cpu_quota`); None leaves them uncapped."""
 
 
 @dataclass
@@ -257,6 +261,7 @@ class VllmPool:
         if len(self.cores) != n:
             raise ValueError("one core per replica")
         self.replicas: list[VllmReplica] = []
+        self._quotas: dict[int, CpuQuota] = {}
         self._log_dir: Path | None = log_dir
         self._own_log_dir = log_dir is None
 
@@ -296,6 +301,7 @@ class VllmPool:
                     self._wait_started(client, i, model, deadline)
             for replica in self.replicas:
                 pin_engine(replica.pid, self.cores[replica.index])
+                self._cap(replica)
         except BaseException:
             self.stop(keep_logs=True)
             raise
@@ -364,7 +370,19 @@ class VllmPool:
         with httpx.Client(timeout=2.0, trust_env=False) as client:
             _wait_healthy(client, replica, deadline)
         pin_engine(replica.pid, self.cores[i])
+        self._cap(replica)
         return replica
+
+    def _cap(self, replica: VllmReplica) -> None:
+        """Move every process of the replica into its CPU quota's cgroup (``cpu_quota_cores``)."""
+        cores = self.config.cpu_quota_cores
+        if cores is None:
+            return
+        quota = self._quotas.get(replica.index)
+        if quota is None:
+            quota = CpuQuota(f"burstsched-replica-{os.getpid()}-{replica.index}", cores)
+            self._quotas[replica.index] = quota
+        quota.add([pid for pid, _ in _group_members(replica.pid)])
 
     def stop(self, *, keep_logs: bool = False) -> None:
         """Stop every replica by PID (whole process group); remove the logs unless asked to keep them."""
@@ -372,6 +390,9 @@ class VllmPool:
             if not replica.stopped:
                 stop_process(replica.process)
                 replica.stopped = True
+        for quota in self._quotas.values():
+            quota.close()
+        self._quotas.clear()
         if self._log_dir is not None and self._own_log_dir and not keep_logs:
             shutil.rmtree(self._log_dir, ignore_errors=True)
 
