@@ -5,9 +5,13 @@ Each replica's engine keeps its core busy while it has requests (its engine-core
 without sleeping), so the router and the load generator wait for a core, and how long they wait depends
 on how many replicas are busy at once, that is on the routing. A router that leaves one replica idle
 frees a core for everything else and looks faster for it; one that spreads load pays for it in the
-client's own clock (measured on 2 cores: the load generator's send lag p99 60-107 ms against 6-21 ms).
-A quota of a little under one core per replica leaves the rest to the router and the client whatever
-the routing, which is what a pool whose engines run on their own accelerators and cores looks like.
+client's own clock. Measured on 2 cores, multi-tenant chat at 0.8 load, in 4 runs of 5 the load
+generator's send lag p99 was 62-108 ms behind burstsched (which spreads) against 6-21 ms behind
+sglang-router (which left one replica mostly idle in those runs); with a 0.85-core quota, 7-20 ms for
+every target. A quota of a little under one core per replica leaves the rest to the router and the
+client whatever the routing, which is what a pool whose engines run on their own accelerators and
+cores looks like. It costs the replicas more than its share: their polling spends quota too (cold
+capacity of 2 replicas on multi-tenant chat: 6.1/s at 0.85 cores each, 8.6/s uncapped).
 
 :class:`CpuQuota` makes one cgroup, caps it at ``cores`` (quota per period), moves processes into it
 (their threads, and children started later, follow) and removes it on :meth:`close`. Only where the

@@ -49,6 +49,10 @@ class RunSummary:
     cache_bound_hit_rate: float = math.nan
     """The workload's hit rate of even, perfect affinity on the replicas' real (LRU) caches, where it has
     one: a yardstick for placement under the cache's size, not a ceiling."""
+    burst_ttft_p95_ms: float = math.nan
+    """TTFT p95 of the requests that arrived in a burst, where the workload has bursts."""
+    other_ttft_p95_ms: float = math.nan
+    """TTFT p95 of every other request, where the workload has bursts."""
 
     @property
     def replica_max_over_mean(self) -> float:

@@ -18,6 +18,7 @@ COLUMNS = (
     "hit rate",
     "ideal",
     "TTFT p50 / p95 / p99 ms",
+    "TTFT p95 bursts / others ms",
     "e2e p50 / p95 / p99 ms",
     "req/s",
     "out tok/s",
@@ -33,6 +34,7 @@ NOTES = (
     "prompt hits every full block it shares with any earlier prompt: its tenant's system prompt, its own "
     "conversation so far), computed from the prompts as the serving tokenizer renders them; TTFT client "
     "side (sending → first token: the first chunk carrying a choice, as vLLM's own benchmark times it), "
+    "bursts: the requests that arrived in a burst (a burst user's first turn), others: every other request; "
     "e2e sending → end of stream; failed: transport errors, errors in "
     "the stream, unfinished; refused: answered with an HTTP error status; prefill tok/req: "
     "Δ`vllm:request_prefill_kv_computed_tokens_sum` / completed requests; max/mean: the busiest "
@@ -55,6 +57,7 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         pct(s.hit_rate),
         pct(s.ideal_hit_rate),
         f"{num(s.ttft_p50_ms)} / {num(s.ttft_p95_ms)} / {num(s.ttft_p99_ms)}",
+        f"{num(s.burst_ttft_p95_ms)} / {num(s.other_ttft_p95_ms)}",
         f"{num(s.e2e_p50_ms)} / {num(s.e2e_p95_ms)} / {num(s.e2e_p99_ms)}",
         num(s.throughput_rps, 2),
         num(s.output_tokens_per_s, 1),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -20,6 +20,7 @@ from burstsched.workloads.open_loop import Clock, ProgressSink, measured_run, ru
 from burstsched.workloads.open_loop import RequestRecord as BaseRecord
 from burstsched.workloads.replica_metrics import ReplicaCounters
 from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run
+from burstsched.workloads.stats import percentile
 from burstsched.workloads.targets import Endpoints, Route, Target
 from burstsched.workloads.tenants import ChatTurn, Tenants, ideal_hit_rate
 
@@ -32,6 +33,11 @@ class TurnRecord(BaseRecord):
     user: int = field(kw_only=True)
     turn: int = field(kw_only=True)
     burst: int | None = field(default=None, kw_only=True)
+
+    @property
+    def in_burst(self) -> bool:
+        """Arrived in a burst: a burst user's first turn (their later turns come as any user's do)."""
+        return self.burst is not None and self.turn == 1
 
     @property
     def waited(self) -> bool:
@@ -72,7 +78,12 @@ def summarize(
 ) -> RunSummary:
     """The row of one run; ``prompt_tokens[i]`` is request ``i``'s prompt as the replicas tokenize it."""
     completed = [prompt_tokens[r.index] for r in sorted(records, key=lambda r: r.index) if r.ok]
-    return summarize_run(target, rate, records, deltas, ideal_hit_rate(completed, block_size))
+    summary = summarize_run(target, rate, records, deltas, ideal_hit_rate(completed, block_size))
+    arrived_in_burst = [r.ttft_ms for r in records if r.ok and r.in_burst and r.ttft_ms is not None]
+    others = [r.ttft_ms for r in records if r.ok and not r.in_burst and r.ttft_ms is not None]
+    return replace(
+        summary, burst_ttft_p95_ms=percentile(arrived_in_burst, 95), other_ttft_p95_ms=percentile(others, 95)
+    )
 
 
 async def run_target(
