@@ -11,7 +11,8 @@ sglang-router (which left one replica mostly idle in those runs); with a 0.85-co
 every target. A quota of a little under one core per replica leaves the rest to the router and the
 client whatever the routing, which is what a pool whose engines run on their own accelerators and
 cores looks like. It costs the replicas more than its share: their polling spends quota too (cold
-capacity of 2 replicas on multi-tenant chat: 6.1/s at 0.85 cores each, 8.6/s uncapped).
+capacity of 2 replicas on multi-tenant chat, two calibrations each: 6.1-7.0/s at 0.85 cores each,
+8.4-8.6/s uncapped).
 
 :class:`CpuQuota` makes one cgroup, caps it at ``cores`` (quota per period), moves processes into it
 (their threads, and children started later, follow) and removes it on :meth:`close`. Only where the
