@@ -106,7 +106,7 @@ def test_the_cost_scorer_prices_by_the_learned_fit() -> None:
         EndpointSnapshot(name="b", url="http://b", prefill_tokens_per_s=4000.0, ttft=slow, in_flight=1),
     ]
     context = PluginContext(rng=random.Random(0))
-    learned = CostScorer("cost", CostParameters(), context)
+    learned = CostScorer("cost", CostParameters(learned=True), context)
     costs = learned.costs(_request(3000), endpoints, CycleState())
     assert costs["a"] == pytest.approx(0.02 + 2 * 3000 / 6000)
     assert costs["b"] == pytest.approx(0.02 + 2 * 3000 * (1 / 2000 + 1 / 10000))
