@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from burstsched.workloads.report_page import aligned_table
+
 HEADER = "x-burstsched-predicted-ttft-ms"
 COLUMNS = (
     "run",
@@ -32,7 +34,7 @@ COLUMNS = (
     "predicted p50 ms",
     "bias ms",
     "MAE ms",
-    "|err| p50 / p90",
+    "abs. rel. error p50 / p90",
 )
 
 
@@ -94,12 +96,6 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def markdown(table: Sequence[tuple[str, ...]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r) + " |" for r in table]
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("report", type=Path, help="a workload report's JSON (.json or .json.gz)")
@@ -110,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no request carried x-burstsched-predicted-ttft-ms", file=sys.stderr)
         return 1
     if args.markdown:
-        print(markdown(table))
+        print(aligned_table(COLUMNS, table))
     else:
         widths = [max(len(c), *(len(r[i]) for r in table)) for i, c in enumerate(COLUMNS)]
         for line in (COLUMNS, *table):

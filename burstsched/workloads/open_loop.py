@@ -166,78 +166,52 @@ async def run_open_loop(
     running or waiting then is cancelled and recorded as failed. The collector is kept quiet meanwhile
     (:func:`~burstsched.workloads.quiet_gc.quiet_gc`)."""
     with quiet_gc():
-        return await _run(
-            client,
-            route,
-            records,
-            body_of,
-            follows,
-            tag,
-            drain_timeout_s,
-            clock,
-            progress,
-            progress_interval_s,
-        )
+        start = clock()
+        last_arrival = records[-1].arrival_s if records else 0.0
+        slots = [_Slot(r, anyio.Event()) for r in records]
 
+        async def one(record: R, slot: _Slot) -> None:
+            leader = None if follows is None else follows(record)
+            if leader is not None and not slots[leader].finished:
+                await slots[leader].done.wait()
+                record.ready_s = max(record.arrival_s, clock() - start)
+            else:
+                record.ready_s = record.arrival_s
+            record.sent_s = clock() - start
+            dispatch = route(record.index)
+            try:
+                await send_chat(client, dispatch, body_of(record), record, f"{tag}-{record.index}", clock)
+                slot.finished = True
+            finally:
+                slot.done.set()
 
-async def _run(
-    client: httpx.AsyncClient,
-    route: Route,
-    records: Sequence[R],
-    body_of: Callable[[R], Mapping[str, Any]],
-    follows: Callable[[R], int | None] | None,
-    tag: str,
-    drain_timeout_s: float,
-    clock: Clock,
-    progress: ProgressSink | None,
-    progress_interval_s: float,
-) -> list[R]:
-    start = clock()
-    last_arrival = records[-1].arrival_s if records else 0.0
-    slots = [_Slot(r, anyio.Event()) for r in records]
+        def report() -> None:
+            if progress is not None:
+                done = sum(s.finished for s in slots)
+                failed = sum(1 for s in slots if s.finished and not s.value.ok)
+                sent = sum(1 for s in slots if s.value.sent_s is not None)
+                progress(Progress(sent, done, failed, len(slots), clock() - start))
 
-    async def one(record: R, slot: _Slot) -> None:
-        leader = None if follows is None else follows(record)
-        if leader is not None and not slots[leader].finished:
-            await slots[leader].done.wait()
-            record.ready_s = max(record.arrival_s, clock() - start)
-        else:
-            record.ready_s = record.arrival_s
-        record.sent_s = clock() - start
-        dispatch = route(record.index)
-        try:
-            await send_chat(client, dispatch, body_of(record), record, f"{tag}-{record.index}", clock)
-            slot.finished = True
-        finally:
-            slot.done.set()
+        async def reporter() -> None:
+            while True:
+                report()
+                await anyio.sleep(progress_interval_s)
 
-    def report() -> None:
-        if progress is not None:
-            done = sum(s.finished for s in slots)
-            failed = sum(1 for s in slots if s.finished and not s.value.ok)
-            sent = sum(1 for s in slots if s.value.sent_s is not None)
-            progress(Progress(sent, done, failed, len(slots), clock() - start))
-
-    async def reporter() -> None:
-        while True:
-            report()
-            await anyio.sleep(progress_interval_s)
-
-    with anyio.move_on_after(last_arrival + drain_timeout_s + 1.0):
-        async with anyio.create_task_group() as senders:
-            senders.start_soon(reporter)
-            async with anyio.create_task_group() as tg:
-                for record, slot in zip(records, slots, strict=True):
-                    delay = record.arrival_s - (clock() - start)
-                    if delay > 0:
-                        await anyio.sleep(delay)
-                    tg.start_soon(one, record, slot)
-            senders.cancel_scope.cancel()
-    for slot in slots:
-        if not slot.finished:
-            slot.value.error = slot.value.error or "not finished within the drain timeout"
-    report()
-    return list(records)
+        with anyio.move_on_after(last_arrival + drain_timeout_s + 1.0):
+            async with anyio.create_task_group() as senders:
+                senders.start_soon(reporter)
+                async with anyio.create_task_group() as tg:
+                    for record, slot in zip(records, slots, strict=True):
+                        delay = record.arrival_s - (clock() - start)
+                        if delay > 0:
+                            await anyio.sleep(delay)
+                        tg.start_soon(one, record, slot)
+                senders.cancel_scope.cancel()
+        for slot in slots:
+            if not slot.finished:
+                slot.value.error = slot.value.error or "not finished within the drain timeout"
+        report()
+        return list(records)
 
 
 async def measured_run(
