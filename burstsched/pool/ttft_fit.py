@@ -28,6 +28,10 @@ class TtftFit:
     ``min_samples``: observations before :meth:`estimate` answers. The fit starts from ``prior`` (base
     seconds, seconds per token) with little confidence, so its first estimates are close to that prior.
     An estimate whose cost per token is not positive is withheld (the samples do not yet tell the slope).
+    A negative base or slowdown per request is reported as 0: more requests in flight never make a
+    replica's prefill faster, and a fit that says so (noise, or a replica whose queue the router's counts
+    overstate) would price a busy replica cheaper the more it is sent, until it draws every request (seen
+    on 8 simulated replicas before the bound).
     """
 
     def __init__(
@@ -78,7 +82,7 @@ class TtftFit:
         base, per_kilo, per_kilo_seq = self._theta
         if per_kilo <= 0.0:
             return None
-        return TtftEstimate(base, per_kilo / KILO, per_kilo_seq / KILO, self._samples)
+        return TtftEstimate(max(0.0, base), per_kilo / KILO, max(0.0, per_kilo_seq) / KILO, self._samples)
 
     def estimate(self) -> TtftEstimate | None:
         """The current fit, or None before ``min_samples`` observations or while it makes no sense."""

@@ -3,6 +3,7 @@ scorer that prices by it, and the predicted TTFT a stream's response carries."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import httpx
@@ -67,6 +68,23 @@ def test_no_estimate_while_the_slope_is_not_positive() -> None:
     assert fit.samples == 7
 
 
+def test_a_fit_never_prices_a_busier_replica_cheaper() -> None:
+    """Streams that read faster the more requests were in flight (as a replica whose queue the router's
+    counts overstate shows) fit a negative slowdown and a negative base; the estimate reports both as 0, so
+    its price per token never falls as requests are sent there (a falling price drew every request to one
+    of 8 simulated replicas)."""
+    fit = TtftFit(min_samples=20)
+    rng = random.Random(5)
+    for _ in range(200):
+        tokens, concurrent = rng.uniform(1000, 9000), rng.randrange(0, 6)
+        fit.observe(tokens, concurrent, -0.05 + tokens * (1 / 4000 - concurrent / 40000))
+    estimate = fit.estimate()
+    assert estimate is not None
+    assert estimate.base_s == 0.0 and estimate.per_token_per_seq_s == 0.0
+    assert estimate.per_token_s == pytest.approx(1 / 4000, rel=0.05)  # the slope itself is kept
+    assert [estimate.per_token(c) for c in range(6)] == [estimate.per_token_s] * 6
+
+
 def test_an_estimate_never_predicts_below_zero() -> None:
     estimate = TtftEstimate(-0.5, 1 / 1000, -1.0, 30)
     assert estimate.per_token(3) == 0.0 and estimate.predict(100, 3) == 0.0
@@ -127,3 +145,21 @@ def test_metrics_show_each_endpoints_fit() -> None:
     assert 'burstsched_endpoint_ttft_model{coefficient="seconds_per_token",endpoint="a"} 0.0002' in page
     assert 'burstsched_endpoint_ttft_model{coefficient="samples",endpoint="a"} 42.0' in page
     assert 'endpoint="b"' not in "\n".join(line for line in page.splitlines() if "ttft_model{" in line)
+
+
+def test_fits_price_only_when_every_candidate_has_one() -> None:
+    """One replica fitted (and fast by its fit), the other not yet: both are priced by the parameters, as
+    with ``learned`` off, so a fit is never weighed against the parameters' guess for another replica."""
+    fast = TtftEstimate(0.0, 1 / 60000, 0.0, 50)
+    endpoints = [
+        EndpointSnapshot(name="a", url="http://a", prefill_tokens_per_s=4000.0, ttft=fast),
+        EndpointSnapshot(name="b", url="http://b", prefill_tokens_per_s=4000.0),
+    ]
+    context = PluginContext(rng=random.Random(0))
+    learned = CostScorer("cost", CostParameters(learned=True), context)
+    parametric = CostScorer("cost", CostParameters(learned=False), context)
+    costs = learned.costs(_request(3000), endpoints, CycleState())
+    assert costs == parametric.costs(_request(3000), endpoints, CycleState())
+    assert costs["a"] == pytest.approx(costs["b"])
+    both = [endpoints[0], dataclasses.replace(endpoints[1], ttft=fast)]
+    assert learned.costs(_request(3000), both, CycleState())["a"] == pytest.approx(2 * 3000 / 60000)
