@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -264,6 +265,10 @@ class VllmPool:
         self._quotas: dict[int, CpuQuota] = {}
         self._log_dir: Path | None = log_dir
         self._own_log_dir = log_dir is None
+        self._abort = threading.Event()
+        """Set when the task awaiting :meth:`start` (in a thread) was cancelled: start-up gives up."""
+        self._starting = threading.Lock()
+        """Held while :meth:`start` runs."""
 
     @property
     def urls(self) -> list[str]:
@@ -285,6 +290,11 @@ class VllmPool:
 
     def start(self) -> None:
         """Start every replica at once, then wait until each answers `/health` (bounded)."""
+        with self._starting:
+            self._abort.clear()
+            self._start()
+
+    def _start(self) -> None:
         if not venv_ready():
             raise VllmEnvMissing("the vLLM venv is not prepared: run `make real-vllm`")
         model = self.config.model or ensure_model()
@@ -313,7 +323,7 @@ class VllmPool:
         for attempt in range(PORT_RETRIES + 1):
             replica = self.replicas[i]
             try:
-                _wait_healthy(client, replica, deadline)
+                _wait_healthy(client, replica, deadline, self._abort)
                 return
             except VllmStartError:
                 if attempt == PORT_RETRIES or not _port_taken(replica):
@@ -406,8 +416,22 @@ class VllmPool:
         self.stop(keep_logs=exc is not None)
 
     async def __aenter__(self) -> VllmPool:
-        await anyio.to_thread.run_sync(self.start)
+        try:
+            await anyio.to_thread.run_sync(self.start)
+        except BaseException:
+            # Cancelled while the start-up thread runs (a deadline, or SIGTERM/Ctrl-C unwinding the event
+            # loop): no __aexit__ follows, and the thread would go on starting replicas in their own
+            # sessions after this process stopped waiting for it. Tell it to give up, then stop what it
+            # started once it has returned.
+            self._abort.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._stop_after_start)
+            raise
         return self
+
+    def _stop_after_start(self) -> None:
+        with self._starting:
+            self.stop(keep_logs=True)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -428,7 +452,9 @@ def _port_taken(replica: VllmReplica) -> bool:
     return "address already in use" in log.lower()
 
 
-def _wait_healthy(client: httpx.Client, replica: VllmReplica, deadline: float) -> None:
+def _wait_healthy(
+    client: httpx.Client, replica: VllmReplica, deadline: float, abort: threading.Event | None = None
+) -> None:
     while True:
         code = replica.process.poll()
         if code is not None:
@@ -446,4 +472,7 @@ def _wait_healthy(client: httpx.Client, replica: VllmReplica, deadline: float) -
                 f"vLLM replica {replica.index} (pid {replica.pid}) did not answer /health in time; "
                 f"log {replica.log_path}:\n{replica.log_tail()}"
             )
-        time.sleep(0.5)
+        if abort is None:
+            time.sleep(0.5)
+        elif abort.wait(0.5):
+            raise VllmStartError(f"vLLM replica {replica.index} (pid {replica.pid}): start-up abandoned")

@@ -100,6 +100,67 @@ def test_a_server_that_never_answers_is_stopped(monkeypatch: pytest.MonkeyPatch,
     assert not group_alive(replica.pid)
 
 
+_INTERRUPTED_LOAD_TEST = """
+import signal, sys
+from pathlib import Path
+
+import anyio
+
+from burstsched.testing.vllm_replica import VllmConfig, VllmPool
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # as the load tests unwind on SIGTERM
+
+
+async def main(model):
+    async with VllmPool(2, VllmConfig(model=model, start_timeout_s=60), log_dir=model / "logs"):
+        await anyio.sleep(60)
+
+
+signal.signal(signal.SIGTERM, interrupt)
+anyio.run(main, Path(sys.argv[1]))
+"""
+
+
+def test_a_load_test_interrupted_while_its_replicas_start_stops_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGTERM reaches a load test while its pool waits for the replicas' /health (the start-up runs in a
+    thread). The replicas run in their own sessions, so nothing else would stop them: the pool must, before
+    the process exits."""
+    monkeypatch.setenv("BURSTSCHED_CACHE", str(tmp_path))
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "health").write_text("ok")
+    started = tmp_path / "started"
+    _fake_venv(  # like vLLM: loads for a while, then answers /health
+        tmp_path,
+        f"echo $$ >> {started}\nsleep 3\n"
+        'while [ "$1" != "--port" ]; do shift; done\n'
+        f"exec {sys.executable} -m http.server $2 --bind 127.0.0.1 --directory {tmp_path / 'www'}",
+    )
+    test = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_LOAD_TEST, str(tmp_path)])
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not (started.exists() and len(started.read_text().split()) == 2):
+            assert time.monotonic() < deadline, "the fake replicas did not start"
+            time.sleep(0.05)
+        pids = [int(pid) for pid in started.read_text().split()]
+        test.send_signal(signal.SIGTERM)  # they are still loading
+        assert test.wait(timeout=30) != 0
+        deadline = time.monotonic() + 10
+        while any(group_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in pids if group_alive(pid)] == []
+    finally:
+        if test.poll() is None:
+            test.kill()
+        for pid in pids:  # end what the test started, whatever happened
+            if group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
 def test_stop_escalates_to_sigkill_for_the_whole_group() -> None:
     # A leader that ignores SIGINT, with a child in its process group that ignores it too.
     code = (
