@@ -93,9 +93,9 @@ class CostParameters(PluginParameters):
         description="Once every candidate's time to first token has been fitted on the streams the router "
         "sent there (its snapshot's ttft), price each by its fit instead of the parameters above: its own "
         "fixed cost, seconds per token and slowdown per request in flight. Off by default: on 2 real vLLM "
-        "replicas at 2x their cold capacity (document QA, one sequence) it kept fewer requests on their "
-        "warm replica than the parameters did (hit rate 68.0% against 69.4%, TTFT p95 1336 against "
-        "1004 ms).",
+        "replicas at 2x their cold capacity (document QA, two runs) it kept 1.0-1.4 points fewer requests "
+        "on their warm replica than the parameters did, and its TTFT p95 was worse in one run and better "
+        "in the other.",
     )
 
 
