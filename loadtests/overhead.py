@@ -53,6 +53,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from burstsched.workloads.proc_cpu import group_cpu_seconds, self_cpu_seconds
 from loadtests.http_load import Connection, closed_loop, post_request
 from loadtests.overhead_report import Row, Tally, format_table, markdown_report, summarize
 from loadtests.overhead_targets import (
@@ -76,7 +77,6 @@ from loadtests.overhead_targets import (
     tree_config,
     untraced_env,
 )
-from loadtests.proc_cpu import group_cpu_seconds, self_cpu_seconds
 
 MODEL = "kv-demo"
 DEFAULT_PEERS = "sglang:cache_aware,vllm-router:round_robin"

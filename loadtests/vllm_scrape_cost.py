@@ -33,7 +33,7 @@ import httpx
 
 from burstsched.testing.vllm_env import venv_ready
 from burstsched.testing.vllm_replica import VllmConfig, VllmPool
-from loadtests.proc_cpu import group_cpu_seconds
+from burstsched.workloads.proc_cpu import group_cpu_seconds
 
 HTTP_TIMEOUT_S = 30.0
 ROUTER_FAMILIES = (

@@ -25,6 +25,7 @@ COLUMNS = (
     "prefill tok/req",
     "requests per replica",
     "send lag p99 ms",
+    "router CPU ms/req",
 )
 
 
@@ -45,6 +46,7 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         _num(s.prefill_tokens_mean),
         f"{spread} ({s.replica_source})",
         _num(s.send_lag_p99_ms, 1),
+        _num(s.router_cpu_ms, 2),
     )
 
 
@@ -66,7 +68,8 @@ NOTES = (
     "completed requests; requests per replica from the `x-burstsched-endpoint` header (header), the "
     "client's own choice (client) or Δ`vllm:request_success_total` (counters); send lag: how late the "
     "load generator sent a request after its scheduled arrival (large values mean the client, not the "
-    "pool, was the bottleneck)."
+    "pool, was the bottleneck); router CPU: user + system time of the target's router processes over the "
+    "run (from `/proc`, their idle work included) per completed request, none for client-side routing."
 )
 
 

@@ -27,7 +27,7 @@ from burstsched.workloads.replica_state import (
     settled_snapshot,
     snapshot,
 )
-from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run
+from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run, with_router_cpu
 from burstsched.workloads.stream_client import chat_body
 from burstsched.workloads.targets import Endpoints, Route, Target
 
@@ -163,6 +163,8 @@ async def run_target(
             progress=progress,
         )
 
-    records, deltas = await measured_run(client, target, endpoints, model, run)
-    summary = summarize(target.label, rate, records, deltas, corpus, block_size, partition)
+    records, deltas, router_cpu_s = await measured_run(client, target, endpoints, model, run)
+    summary = with_router_cpu(
+        summarize(target.label, rate, records, deltas, corpus, block_size, partition), router_cpu_s
+    )
     return TargetRun(summary, records, deltas)

@@ -23,6 +23,7 @@ import httpx
 from burstsched.workloads.quiet_gc import quiet_gc
 from burstsched.workloads.replica_metrics import ReplicaCounters
 from burstsched.workloads.replica_state import reset_prefix_caches, settled_snapshot, snapshot
+from burstsched.workloads.router_cpu import router_pids, routers_cpu_seconds
 from burstsched.workloads.stream_client import stream_chat
 from burstsched.workloads.targets import Dispatch, Endpoints, Route, Target
 
@@ -220,13 +221,19 @@ async def measured_run(
     endpoints: Endpoints,
     model: str,
     run: Callable[[Route], Awaitable[list[R]]],
-) -> tuple[list[R], dict[str, ReplicaCounters]]:
+) -> tuple[list[R], dict[str, ReplicaCounters], float | None]:
     """Reset the replicas' prefix caches, open the target, ``run`` the sequence through it between two
-    counter snapshots, close it. Returns the records and each replica's counter deltas."""
+    counter snapshots, close it. Returns the records, each replica's counter deltas and the CPU seconds
+    the target's routers spent meanwhile (:mod:`burstsched.workloads.router_cpu`; None for client-side
+    routing)."""
     await reset_prefix_caches(client, [url for _, url in endpoints], model=model)
     async with target.open(endpoints) as route:
+        routers = await anyio.to_thread.run_sync(router_pids, route)
+        cpu_before = None if routers is None else await anyio.to_thread.run_sync(routers_cpu_seconds, routers)
         before = await snapshot(client, endpoints)
         records = await run(route)
         finished = sum(r.ok for r in records)
         after = await settled_snapshot(client, endpoints, before, finished)
-    return records, {name: after[name] - before[name] for name in after}
+        cpu_after = None if routers is None else await anyio.to_thread.run_sync(routers_cpu_seconds, routers)
+    spent = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    return records, {name: after[name] - before[name] for name in after}, spent

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from burstsched.workloads.open_loop import ENDPOINT_HEADER, RequestRecord
@@ -53,6 +53,9 @@ class RunSummary:
     """TTFT p95 of the requests that arrived in a burst, where the workload has bursts."""
     other_ttft_p95_ms: float = math.nan
     """TTFT p95 of every other request, where the workload has bursts."""
+    router_cpu_ms: float = math.nan
+    """CPU the target's routers spent per completed request over the run (user + system, from ``/proc``,
+    their idle work included); nan for client-side routing."""
 
     @property
     def replica_max_over_mean(self) -> float:
@@ -148,3 +151,10 @@ class TargetRun(Generic[R_co]):
             "replica_deltas": {name: asdict(d) for name, d in self.deltas.items()},
             "requests": [r.as_json() for r in self.records],
         }
+
+
+def with_router_cpu(summary: RunSummary, router_cpu_s: float | None) -> RunSummary:
+    """``summary`` with the routers' CPU per completed request, when there are routers and completions."""
+    if router_cpu_s is None or summary.completed == 0:
+        return summary
+    return replace(summary, router_cpu_ms=1000.0 * router_cpu_s / summary.completed)

@@ -26,6 +26,7 @@ COLUMNS = (
     "max/mean",
     "requests per replica",
     "send lag p99 ms",
+    "router CPU ms/req",
 )
 
 NOTES = (
@@ -41,7 +42,8 @@ NOTES = (
     "replica's completed requests over the mean; requests per replica from the `x-burstsched-endpoint` "
     "header (header), the client's own choice (client) or Δ`vllm:request_success_total` (counters); send "
     "lag: how late the load generator sent a request after it could be sent (its arrival, or the end of "
-    "the user's previous turn)."
+    "the user's previous turn); router CPU: user + system time of the target's router processes over the "
+    "run (from `/proc`, their idle work included) per completed request, none for client-side routing."
 )
 
 
@@ -65,6 +67,7 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         num(s.replica_max_over_mean, 2),
         f"{spread} ({s.replica_source})",
         num(s.send_lag_p99_ms, 1),
+        num(s.router_cpu_ms, 2),
     )
 
 

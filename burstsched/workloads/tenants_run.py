@@ -19,7 +19,7 @@ import httpx
 from burstsched.workloads.open_loop import Clock, ProgressSink, measured_run, run_open_loop
 from burstsched.workloads.open_loop import RequestRecord as BaseRecord
 from burstsched.workloads.replica_metrics import ReplicaCounters
-from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run
+from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run, with_router_cpu
 from burstsched.workloads.stats import percentile
 from burstsched.workloads.targets import Endpoints, Route, Target
 from burstsched.workloads.tenants import ChatTurn, Tenants, ideal_hit_rate
@@ -124,6 +124,8 @@ async def run_target(
             progress=progress,
         )
 
-    records, deltas = await measured_run(client, target, endpoints, model, run)
-    summary = summarize(target.label, rate, records, deltas, prompt_tokens, block_size)
+    records, deltas, router_cpu_s = await measured_run(client, target, endpoints, model, run)
+    summary = with_router_cpu(
+        summarize(target.label, rate, records, deltas, prompt_tokens, block_size), router_cpu_s
+    )
     return TargetRun(summary, records, deltas)

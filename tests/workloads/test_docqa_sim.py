@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -93,6 +94,8 @@ async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str]) 
     assert burst.summary.replica_source == "header"
     assert all("x-burstsched-endpoint" in r.headers for r in burst.records)
     assert runs["random"].summary.replica_source == "client"
+    assert burst.summary.router_cpu_ms > 0  # the router child's CPU, read from /proc over the run
+    assert math.isnan(runs["random"].summary.router_cpu_ms)  # no router: the client chose
     # prefix-aware routing with every document fitting in cache comes close to the ideal
     assert burst.summary.hit_rate >= 0.85 * burst.summary.ideal_hit_rate
 

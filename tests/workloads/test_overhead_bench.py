@@ -20,10 +20,10 @@ sys.path.insert(0, str(ROOT))
 from burstsched.pool.scrape import parse_vllm_metrics  # noqa: E402
 from burstsched.testing.ports import free_port  # noqa: E402
 from burstsched.wire.sse import aiter_data  # noqa: E402
+from burstsched.workloads.proc_cpu import group_cpu_seconds, process_cpu_seconds  # noqa: E402
 from loadtests.fast_backend import start_backend  # noqa: E402
 from loadtests.http_load import Connection, ResponseError, closed_loop, post_request, response_end  # noqa: E402
 from loadtests.overhead_targets import check_tree, git_worktree, untraced_env  # noqa: E402
-from loadtests.proc_cpu import group_cpu_seconds, process_cpu_seconds  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 MODEL = "bench-model"

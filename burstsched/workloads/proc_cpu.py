@@ -49,6 +49,34 @@ def group_cpu_seconds(pgids: Iterable[int], proc: Path = PROC) -> dict[int, floa
     return totals
 
 
+def tree_cpu_seconds(pid: int, proc: Path = PROC) -> float | None:
+    """CPU seconds of one process and every live descendant of it (one scan of /proc); None when it is gone.
+
+    For a router started without a session of its own (its process group is its parent's), whatever it
+    started itself (a launcher's worker, say) still counts."""
+    parents: dict[int, int] = {}
+    seconds: dict[int, float] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name), proc)
+        if fields is None:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICKS
+    if pid not in seconds:
+        return None
+    children: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        children.setdefault(parent, []).append(child)
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        total += seconds.get(current, 0.0)
+        stack.extend(children.get(current, ()))
+    return total
+
+
 def group_pids(pgid: int, proc: Path = PROC) -> list[int]:
     """The live processes of one process group."""
     pids = []
