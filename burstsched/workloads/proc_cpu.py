@@ -9,7 +9,7 @@ process); a process that ended between two readings takes its last slice of CPU 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -25,27 +25,32 @@ def _stat_fields(pid: int, proc: Path = PROC) -> list[str] | None:
     return text.rsplit(")", 1)[1].split()
 
 
+def _cpu(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _processes(proc: Path) -> Iterator[tuple[int, list[str]]]:
+    """(pid, stat fields) of every live process (one scan of /proc)."""
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name), proc)
+            if fields is not None:
+                yield int(entry.name), fields
+
+
 def process_cpu_seconds(pid: int, proc: Path = PROC) -> float | None:
     """User + system CPU seconds of one process (all its threads); None when it is gone."""
     fields = _stat_fields(pid, proc)
-    if fields is None:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return None if fields is None else _cpu(fields)
 
 
 def group_cpu_seconds(pgids: Iterable[int], proc: Path = PROC) -> dict[int, float]:
     """CPU seconds of every process in each of the process groups, summed per group (one scan of /proc)."""
-    wanted = set(pgids)
-    totals = dict.fromkeys(wanted, 0.0)
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name), proc)
-        if fields is None:
-            continue
+    totals = dict.fromkeys(set(pgids), 0.0)
+    for _, fields in _processes(proc):
         pgid = int(fields[2])
-        if pgid in wanted:
-            totals[pgid] += (int(fields[11]) + int(fields[12])) / _TICKS
+        if pgid in totals:
+            totals[pgid] += _cpu(fields)
     return totals
 
 
@@ -54,38 +59,24 @@ def tree_cpu_seconds(pid: int, proc: Path = PROC) -> float | None:
 
     For a router started without a session of its own (its process group is its parent's), whatever it
     started itself (a launcher's worker, say) still counts."""
-    parents: dict[int, int] = {}
     seconds: dict[int, float] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name), proc)
-        if fields is None:
-            continue
-        parents[int(entry.name)] = int(fields[1])
-        seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICKS
+    children: dict[int, list[int]] = {}
+    for child, fields in _processes(proc):
+        seconds[child] = _cpu(fields)
+        children.setdefault(int(fields[1]), []).append(child)
     if pid not in seconds:
         return None
-    children: dict[int, list[int]] = {}
-    for child, parent in parents.items():
-        children.setdefault(parent, []).append(child)
     total, stack = 0.0, [pid]
     while stack:
         current = stack.pop()
-        total += seconds.get(current, 0.0)
+        total += seconds[current]
         stack.extend(children.get(current, ()))
     return total
 
 
 def group_pids(pgid: int, proc: Path = PROC) -> list[int]:
     """The live processes of one process group."""
-    pids = []
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name), proc)
-            if fields is not None and int(fields[2]) == pgid:
-                pids.append(int(entry.name))
-    return sorted(pids)
+    return sorted(pid for pid, fields in _processes(proc) if int(fields[2]) == pgid)
 
 
 def self_cpu_seconds() -> float:
