@@ -16,7 +16,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 PROC = Path("/proc")
 
 
-def _stat_fields(pid: int, proc: Path = PROC) -> list[str] | None:
+def stat_fields(pid: int, proc: Path = PROC) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after the command name (``state`` first), or None."""
     try:
         text = (proc / str(pid) / "stat").read_text()
@@ -33,14 +33,14 @@ def _processes(proc: Path) -> Iterator[tuple[int, list[str]]]:
     """(pid, stat fields) of every live process (one scan of /proc)."""
     for entry in proc.iterdir():
         if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name), proc)
+            fields = stat_fields(int(entry.name), proc)
             if fields is not None:
                 yield int(entry.name), fields
 
 
 def process_cpu_seconds(pid: int, proc: Path = PROC) -> float | None:
     """User + system CPU seconds of one process (all its threads); None when it is gone."""
-    fields = _stat_fields(pid, proc)
+    fields = stat_fields(pid, proc)
     return None if fields is None else _cpu(fields)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from burstsched.workloads.listeners import listening_pid
 from burstsched.workloads.proc_cpu import tree_cpu_seconds
+from burstsched.workloads.proc_sockets import listening_pid
 from burstsched.workloads.targets import Route
 
 PROBED_REQUESTS = 64

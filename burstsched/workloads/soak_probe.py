@@ -16,6 +16,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from burstsched.workloads.proc_sockets import tcp_sockets
+
 LAG = "burstsched_event_loop_lag_seconds"
 TASKS = "burstsched_asyncio_tasks"
 REQUESTS = "burstsched_requests_total"
@@ -103,45 +105,11 @@ def median(values: Sequence[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-TCP_STATES = {
-    "01": "ESTABLISHED",
-    "02": "SYN_SENT",
-    "03": "SYN_RECV",
-    "04": "FIN_WAIT1",
-    "05": "FIN_WAIT2",
-    "06": "TIME_WAIT",
-    "07": "CLOSE",
-    "08": "CLOSE_WAIT",
-    "09": "LAST_ACK",
-    "0A": "LISTEN",
-    "0B": "CLOSING",
-}
-
-
-def _tcp_sockets(proc: Path) -> dict[str, tuple[int, int, str]]:
-    """Socket inode to (local port, remote port, state) from ``/proc/net/tcp`` and ``tcp6``."""
-    sockets: dict[str, tuple[int, int, str]] = {}
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = (proc / "net" / name).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-            sockets[inode] = (
-                int(local.rsplit(":", 1)[1], 16),
-                int(remote.rsplit(":", 1)[1], 16),
-                TCP_STATES.get(state, state),
-            )
-    return sockets
-
-
 def fd_kinds(pid: int, own_port: int, peers: dict[int, str], proc: Path = Path("/proc")) -> dict[str, int]:
     """What process ``pid``'s descriptors are: ``upstream NAME STATE`` (TCP to a port of ``peers``),
     ``client STATE`` (TCP on ``own_port``), ``listen``, ``other tcp``, ``socket``, ``pipe``, ``file`` or the
     anonymous inode's kind. A descriptor closed while being read is skipped."""
-    sockets = _tcp_sockets(proc)
+    sockets = tcp_sockets(proc)
     kinds: dict[str, int] = {}
     folder = proc / str(pid) / "fd"
     for fd in os.listdir(folder):
@@ -153,12 +121,12 @@ def fd_kinds(pid: int, own_port: int, peers: dict[int, str], proc: Path = Path("
             tcp = sockets.get(target[8:-1])
             if tcp is None:
                 kind = "socket"
-            elif tcp[2] == "LISTEN":
+            elif tcp.state == "LISTEN":
                 kind = "listen"
-            elif tcp[1] in peers:
-                kind = f"upstream {peers[tcp[1]]} {tcp[2]}"
-            elif tcp[0] == own_port:
-                kind = f"client {tcp[2]}"
+            elif tcp.remote_port in peers:
+                kind = f"upstream {peers[tcp.remote_port]} {tcp.state}"
+            elif tcp.local_port == own_port:
+                kind = f"client {tcp.state}"
             else:
                 kind = "other tcp"
         elif target.startswith("pipe:"):

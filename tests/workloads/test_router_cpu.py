@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from burstsched.workloads.listeners import listening_pid
 from burstsched.workloads.proc_cpu import process_cpu_seconds, tree_cpu_seconds
+from burstsched.workloads.proc_sockets import listening_pid
 from burstsched.workloads.router_cpu import router_pids, routers_cpu_seconds
 from burstsched.workloads.run_summary import RunSummary, with_router_cpu
 from burstsched.workloads.targets import Dispatch
