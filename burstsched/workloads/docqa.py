@@ -16,6 +16,7 @@ Running the sequence against a URL is :mod:`burstsched.workloads.docqa_run`.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections import Counter, OrderedDict
@@ -267,6 +268,66 @@ def partitioned_hits(
         while used[replica] > capacity_blocks and cache:
             _, evicted = cache.popitem(last=False)
             used[replica] -= evicted
+    return hits
+
+
+def ceiling_hits(
+    documents: Sequence[int],
+    shared_tokens: Sequence[int],
+    prompt_tokens: Sequence[int],
+    block_size: int,
+    *,
+    cache_blocks: int,
+) -> list[int]:
+    """Per request, the hit (tokens) of a clairvoyant cache of ``cache_blocks`` blocks: a ceiling for any
+    router over caches that hold that many blocks together.
+
+    Every request reads its document's full shared blocks in order; a block read while cached is a hit
+    (up to the request's cap, as in :func:`ideal_hits`), one that is not is computed and cached. When the
+    cache is full it evicts the block whose next read lies furthest ahead (Belady's MIN), which misses the
+    fewest blocks of any policy that caches what it computes (blocks are all one size).
+
+    No router does better over replicas whose caches hold ``cache_blocks`` in all: whatever they hold at
+    a moment is a set of at most that many blocks that grew only by computing blocks, as here, and a hit
+    on a replica also needs the whole prefix there. So the ideal's gap above this is the cache's size,
+    not routing. Questions never fill a block here and are not cached.
+    """
+    if block_size < 1 or cache_blocks < 0:
+        raise ValueError("block_size must be >= 1 and cache_blocks >= 0")
+    if len(documents) != len(prompt_tokens):
+        raise ValueError("one prompt length per request")
+    reads = [
+        (document, block) for document in documents for block in range(shared_tokens[document] // block_size)
+    ]
+    next_read = [len(reads)] * len(reads)  # where each read's block is read next (len: never)
+    upcoming: dict[tuple[int, int], int] = {}
+    for position in range(len(reads) - 1, -1, -1):
+        next_read[position] = upcoming.get(reads[position], len(reads))
+        upcoming[reads[position]] = position
+    cached: dict[tuple[int, int], int] = {}  # block -> its next read
+    furthest: list[tuple[int, tuple[int, int]]] = []  # max-heap of (-next read, block); stale entries skipped
+    hits: list[int] = []
+    position = 0
+    for document, prompt in zip(documents, prompt_tokens, strict=True):
+        readable = _hit(shared_tokens[document], prompt, block_size) // block_size
+        hit_blocks = 0
+        for block in range(shared_tokens[document] // block_size):
+            key = (document, block)
+            if key in cached:
+                hit_blocks += block < readable
+            elif cache_blocks > 0:
+                if len(cached) >= cache_blocks:
+                    while True:
+                        then, victim = heapq.heappop(furthest)
+                        if cached.get(victim) == -then:
+                            del cached[victim]
+                            break
+                cached[key] = 0
+            if key in cached:
+                cached[key] = next_read[position]
+                heapq.heappush(furthest, (-next_read[position], key))
+            position += 1
+        hits.append(hit_blocks * block_size)
     return hits
 
 

@@ -67,6 +67,15 @@ def load_curves(summaries: Sequence[RunSummary], title: str, path: Path, capacit
             color="grey",
             label="ideal (infinite cache)",
         )
+        ceiling = [s for s in ideal if not math.isnan(s.ceiling_hit_rate)]
+        if ceiling:
+            hit_axes.plot(
+                [load(s.rate) for s in ceiling],
+                [100 * s.ceiling_hit_rate for s in ceiling],
+                linestyle="--",
+                color="grey",
+                label="ceiling (these caches, clairvoyant)",
+            )
     xlabel = "offered load (× cold capacity)" if capacity_rps else "offered rate (requests/s)"
     hit_axes.set_xlabel(xlabel)
     hit_axes.set_ylabel("prefix-cache hit rate (%)")

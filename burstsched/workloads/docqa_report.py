@@ -18,6 +18,7 @@ COLUMNS = (
     "fail",
     "hit rate",
     "LRU affinity",
+    "ceiling",
     "ideal",
     "TTFT p50 / p95 / p99 ms",
     "req/s",
@@ -39,6 +40,7 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         str(s.failures),
         _pct(s.hit_rate),
         _pct(s.cache_bound_hit_rate),
+        _pct(s.ceiling_hit_rate),
         _pct(s.ideal_hit_rate),
         f"{_num(s.ttft_p50_ms)} / {_num(s.ttft_p95_ms)} / {_num(s.ttft_p99_ms)}",
         _num(s.throughput_rps, 2),
@@ -60,7 +62,9 @@ NOTES = (
     "perfect document affinity on the replicas' own caches (each document on one replica, documents dealt "
     "out evenly by popularity, LRU eviction at the KV cache's size), over the same completed requests: "
     "what even placement that wastes no cache on copies gets, a yardstick rather than a ceiling (uneven "
-    "placement keeps more documents where they are asked most); ideal: "
+    "placement keeps more documents where they are asked most); ceiling: the most any router could hit with "
+    "these caches, a clairvoyant cache of all the replicas' blocks together that evicts the block read "
+    "again furthest ahead (Belady), over the same completed requests; ideal: "
     "perfect document affinity with an infinite cache over the same completed requests (each document's "
     "first request cold, later ones hit every full block of the document part); TTFT client side "
     "(sending → first token: the first chunk carrying a choice, as vLLM's own benchmark times it); "

@@ -15,7 +15,13 @@ from typing import Any
 
 import httpx
 
-from burstsched.workloads.docqa import Corpus, DocQARequest, ideal_hit_rate, partitioned_hits
+from burstsched.workloads.docqa import (
+    Corpus,
+    DocQARequest,
+    ceiling_hits,
+    ideal_hit_rate,
+    partitioned_hits,
+)
 from burstsched.workloads.open_loop import Clock, Progress, ProgressSink, measured_run, run_open_loop
 from burstsched.workloads.open_loop import RequestRecord as BaseRecord
 from burstsched.workloads.replica_metrics import ReplicaCounters
@@ -107,7 +113,8 @@ def summarize(
     partition: tuple[int, int] | None = None,
 ) -> RunSummary:
     """The row of one run; its ideal is perfect document affinity over the completed requests, and with
-    ``partition`` (replicas, KV blocks each) its LRU affinity is that affinity on LRU caches of that size."""
+    ``partition`` (replicas, KV blocks each) its LRU affinity is that affinity on LRU caches of that size,
+    and its ceiling a clairvoyant cache of all their blocks."""
     prompted = [r for r in records if r.ok and r.prompt_tokens is not None]
     documents = [r.document for r in prompted]
     prompts = [r.prompt_tokens or 0 for r in prompted]
@@ -125,7 +132,14 @@ def summarize(
         replicas=replicas,
         capacity_blocks=capacity_blocks,
     )
-    return replace(summary, cache_bound_hit_rate=sum(hits) / sum(prompts))
+    ceiling = ceiling_hits(
+        documents, corpus.shared_tokens, prompts, block_size, cache_blocks=replicas * capacity_blocks
+    )
+    return replace(
+        summary,
+        cache_bound_hit_rate=sum(hits) / sum(prompts),
+        ceiling_hit_rate=sum(ceiling) / sum(prompts),
+    )
 
 
 # -- one target ----------------------------------------------------------------------------------------

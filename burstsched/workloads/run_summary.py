@@ -49,6 +49,9 @@ class RunSummary:
     cache_bound_hit_rate: float = math.nan
     """The workload's hit rate of even, perfect affinity on the replicas' real (LRU) caches, where it has
     one: a yardstick for placement under the cache's size, not a ceiling."""
+    ceiling_hit_rate: float = math.nan
+    """The most any router could hit with the replicas' caches together, where the workload has one: a
+    clairvoyant cache of all their blocks (see :func:`burstsched.workloads.docqa.ceiling_hits`)."""
     burst_ttft_p95_ms: float = math.nan
     """TTFT p95 of the requests that arrived in a burst, where the workload has bursts."""
     other_ttft_p95_ms: float = math.nan

@@ -10,11 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from burstsched.recording.line import usage_counts  # noqa: E402
-from loadtests.recording_cost import (  # noqa: E402
+from burstsched.recording.line import usage_counts
+from loadtests.recording_cost import (
     COMPLETION_TOKENS,
     Variant,
     VariantResult,
@@ -23,6 +20,8 @@ from loadtests.recording_cost import (  # noqa: E402
     problems,
     variants,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TIMINGS = (
     "loop_off_us",

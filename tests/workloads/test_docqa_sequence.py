@@ -17,6 +17,7 @@ from burstsched.workloads.docqa import (
     DocQASpec,
     build_corpus,
     build_sequence,
+    ceiling_hits,
     common_prefix_length,
     ideal_hit_rate,
     ideal_hits,
@@ -163,6 +164,78 @@ def test_partitioned_hits_never_beat_the_ideal(
     bound = partitioned_hits(documents, shared, prompts, 8, replicas=replicas, capacity_blocks=capacity)
     for hit, ideal in zip(bound, ideal_hits(documents, shared, prompts, 8), strict=True):
         assert 0 <= hit <= ideal
+
+
+def test_ceiling_hits_by_hand() -> None:
+    """One block per document, room for two. Document 2 arrives with 0 and 1 cached: the clairvoyant
+    cache drops 1 (read again later than 0), so 0 hits next. LRU would have dropped 0 and hit nothing."""
+    hits = ceiling_hits([0, 1, 2, 0, 1], [4, 4, 4], [8] * 5, 4, cache_blocks=2)
+    assert hits == [0, 0, 0, 4, 0]
+    assert partitioned_hits([0, 1, 2, 0, 1], [4, 4, 4], [8] * 5, 4, replicas=1, capacity_blocks=2) == [0] * 5
+    # room for everything: the ideal; no room: nothing
+    assert ceiling_hits([0, 1, 2, 0, 1], [4, 4, 4], [8] * 5, 4, cache_blocks=3) == [0, 0, 0, 4, 4]
+    assert ceiling_hits([0, 1, 2, 0, 1], [4, 4, 4], [8] * 5, 4, cache_blocks=0) == [0] * 5
+
+
+def _best_block_hits(reads: list[tuple[int, int, bool]], capacity: int) -> int:
+    """By exhaustive search: the most hits (reads with ``counts``) over every choice of what to evict."""
+    memo: dict[tuple[int, frozenset[tuple[int, int]]], int] = {}
+
+    def best(position: int, cached: frozenset[tuple[int, int]]) -> int:
+        if position == len(reads):
+            return 0
+        key = (position, cached)
+        if key not in memo:
+            document, block, counts = reads[position]
+            read = (document, block)
+            if read in cached:
+                memo[key] = int(counts) + best(position + 1, cached)
+            elif capacity == 0:
+                memo[key] = best(position + 1, cached)
+            elif len(cached) < capacity:
+                memo[key] = best(position + 1, cached | {read})
+            else:
+                memo[key] = max(best(position + 1, (cached - {victim}) | {read}) for victim in cached)
+        return memo[key]
+
+    return best(0, frozenset())
+
+
+@given(
+    st.lists(st.integers(0, 2), min_size=1, max_size=7),
+    st.lists(st.integers(4, 12), min_size=3, max_size=3),
+    st.integers(0, 4),
+)
+@settings(max_examples=80, deadline=None)
+def test_ceiling_hits_are_the_best_any_eviction_gets(
+    documents: list[int], shared: list[int], capacity: int
+) -> None:
+    prompts = [shared[d] + 1 for d in documents]
+    reads = [
+        (d, b, b < (min(shared[d] // 4 * 4, (prompt - 1) // 4 * 4)) // 4)
+        for d, prompt in zip(documents, prompts, strict=True)
+        for b in range(shared[d] // 4)
+    ]
+    hits = ceiling_hits(documents, shared, prompts, 4, cache_blocks=capacity)
+    assert sum(hits) == 4 * _best_block_hits(reads, capacity)
+
+
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    st.lists(st.integers(1, 200), min_size=6, max_size=6),
+    st.integers(1, 4),
+    st.integers(0, 80),
+)
+@settings(max_examples=60, deadline=None)
+def test_no_placement_beats_the_ceiling(
+    documents: list[int], shared: list[int], replicas: int, capacity: int
+) -> None:
+    """In order: even placement on LRU caches, the ceiling of their blocks together, the infinite cache."""
+    prompts = [shared[d] + 5 for d in documents]
+    lru = sum(partitioned_hits(documents, shared, prompts, 8, replicas=replicas, capacity_blocks=capacity))
+    ceiling = ceiling_hits(documents, shared, prompts, 8, cache_blocks=replicas * capacity)
+    assert lru <= sum(ceiling) <= sum(ideal_hits(documents, shared, prompts, 8))
+    assert all(hit >= 0 for hit in ceiling)
 
 
 # -- corpus --------------------------------------------------------------------------------------------

@@ -93,13 +93,18 @@ def test_summary_combines_client_and_replica_measurements() -> None:
     row = markdown_table([s]).splitlines()[-1]
     assert "26.7%" in row and "53.3%" in row and "2/1 (client)" in row
     assert math.isnan(s.cache_bound_hit_rate) and "| -" in row  # no partition given: no LRU affinity
+    assert math.isnan(s.ceiling_hit_rate)
     # on 2 replicas of 2 blocks, document 0's 2 blocks stay cached: the ideal's hits
     roomy = summarize("t", 2.0, records, deltas, corpus, block_size=16, partition=(2, 2))
     assert roomy.cache_bound_hit_rate == pytest.approx(64 / 120)
+    assert roomy.ceiling_hit_rate == pytest.approx(64 / 120)
     # a 1-block cache cannot hold a document: nothing hits
     tight = summarize("t", 2.0, records, deltas, corpus, block_size=16, partition=(2, 1))
     assert tight.cache_bound_hit_rate == 0.0
-    assert "| 0.0%" in markdown_table([tight]).splitlines()[-1]
+    # ... but the two caches' 2 blocks together could: the ceiling counts what any placement might keep
+    assert tight.ceiling_hit_rate == pytest.approx(64 / 120)
+    cells = [c.strip() for c in markdown_table([tight]).splitlines()[-1].split("|")]
+    assert cells[7:10] == ["0.0%", "53.3%", "53.3%"]  # LRU affinity, ceiling, ideal
 
 
 def test_summary_falls_back_to_counters_without_a_replica_name() -> None:

@@ -14,16 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from burstsched.pool.scrape import parse_vllm_metrics
+from burstsched.testing.ports import free_port
+from burstsched.wire.sse import aiter_data
+from burstsched.workloads.proc_cpu import group_cpu_seconds, process_cpu_seconds
+from loadtests.fast_backend import start_backend
+from loadtests.http_load import Connection, ResponseError, closed_loop, post_request, response_end
+from loadtests.overhead_targets import check_tree, git_worktree, untraced_env
 
-from burstsched.pool.scrape import parse_vllm_metrics  # noqa: E402
-from burstsched.testing.ports import free_port  # noqa: E402
-from burstsched.wire.sse import aiter_data  # noqa: E402
-from burstsched.workloads.proc_cpu import group_cpu_seconds, process_cpu_seconds  # noqa: E402
-from loadtests.fast_backend import start_backend  # noqa: E402
-from loadtests.http_load import Connection, ResponseError, closed_loop, post_request, response_end  # noqa: E402
-from loadtests.overhead_targets import check_tree, git_worktree, untraced_env  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.anyio
 MODEL = "bench-model"

@@ -10,31 +10,29 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from burstsched.wire.sse import data_payloads  # noqa: E402
-from burstsched.workloads.soak_client import (  # noqa: E402
+from burstsched.wire.sse import data_payloads
+from burstsched.workloads.soak_client import (
     KINDS,
     MALFORMED,
     StreamState,
     is_openai_error,
     malformed_body,
 )
-from burstsched.workloads.soak_probe import (  # noqa: E402
+from burstsched.workloads.soak_probe import (
     ProcessReading,
     bucket_difference,
     histogram_quantile,
     parse_runtime,
     read_process,
 )
-from loadtests.soak import main as soak_main  # noqa: E402
+from loadtests.soak import main as soak_main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(180)

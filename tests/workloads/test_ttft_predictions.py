@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from loadtests.ttft_predictions import load, main, pairs, rows  # noqa: E402
+from loadtests.ttft_predictions import load, main, pairs, rows
 
 
 def _request(predicted: float | None, actual: float, prompt: int, cached: int) -> dict[str, object]:
