@@ -35,6 +35,7 @@ from burstsched.config.models import (
     TracingConfig,
     UpstreamTLSConfig,
 )
+from burstsched.config.prewarm import PrewarmConfig
 from burstsched.config.saturation import SaturationConfig
 from burstsched.config.tokenizer import TokenizerConfig
 
@@ -56,6 +57,7 @@ __all__ = [
     "PoolConfig",
     "PoolSelectorConfig",
     "PrefixHashingConfig",
+    "PrewarmConfig",
     "ProfileConfig",
     "ProfilePluginRef",
     "RouterConfig",

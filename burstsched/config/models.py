@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from burstsched.config.admission import AdmissionConfig
 from burstsched.config.kv_events import KVEventsConfig, check_zmq_address
+from burstsched.config.prewarm import PrewarmConfig
 from burstsched.config.saturation import SaturationConfig
 from burstsched.config.tokenizer import TokenizerConfig
 
@@ -496,6 +497,7 @@ class RouterConfig(StrictModel):
     plugins: list[PluginSpec] = Field(default_factory=_default_plugins)
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    prewarm: PrewarmConfig = Field(default_factory=PrewarmConfig)
     saturation: SaturationConfig = Field(
         default_factory=SaturationConfig,
         description="When an endpoint counts as saturated: the saturation-filter drops such endpoints and "

@@ -7,6 +7,7 @@ from burstsched.dispatch.headers import (
     client_response_headers,
     upstream_request_headers,
 )
+from burstsched.dispatch.prewarm import Prewarmer
 from burstsched.dispatch.proxy import DONE_EVENT, Dispatcher, Served
 from burstsched.dispatch.upstream import HttpxUpstream, Timeouts, Upstream, UpstreamResponse, getter, poster
 
@@ -16,6 +17,7 @@ __all__ = [
     "ENDPOINT_HEADER",
     "Dispatcher",
     "HttpxUpstream",
+    "Prewarmer",
     "Served",
     "Timeouts",
     "Upstream",

@@ -14,12 +14,14 @@ class PrefixMatch:
 
     ``source`` names the index that knew it: ``approximate`` (estimated from past routing, blocks of
     pseudo-tokens) or ``precise`` (from the replica's KV-cache events, blocks of the engine's tokens).
+    ``fill``: how full the index believes the endpoint's prefix cache is (0..1), None when it cannot tell.
     """
 
     matched_blocks: int
     total_blocks: int
     block_tokens: int
     source: str = "approximate"
+    fill: float | None = None
 
     @property
     def ratio(self) -> float:

@@ -38,6 +38,7 @@ from burstsched.config import EndpointConfig, RouterConfig
 from burstsched.discovery import Discovery, build_discovery
 from burstsched.dispatch import (
     Dispatcher,
+    Prewarmer,
     Upstream,
     UpstreamClient,
     getter,
@@ -88,6 +89,8 @@ class Router:
     discovery_source: str = "static"
     recorder: Recorder | None = None
     """Traffic recording (``recording:``): one line per dispatched request (None: off)."""
+    prewarmer: Prewarmer | None = None
+    """Copies of hot shared prefixes to idle endpoints (``prewarm:``; None: off)."""
 
     async def handle_completion(
         self, api: ApiKind, scope: Scope, receive: Receive, send: Send, trace: RequestTrace | None = None
@@ -144,6 +147,8 @@ class Router:
         self.metrics.observe_admission(admitted.role, admitted.waited_s, admitted.group_size)
         if trace is not None:
             trace.admitted(admitted)
+        if self.prewarmer is not None:
+            self.prewarmer.consider(api, parsed.payload, request, decision)
         headers = upstream_request_headers(client_headers, request_id)
         prefill_cap = None
         if str(admitted.role) == "member":  # its group's prefix is computed once, by the group's first
@@ -449,10 +454,22 @@ def create_app(
             if tracing is not None:
                 metrics.watch_trace_export(tracing.batcher.counts)
             admission = Admission(config.admission, scheduler, pool.snapshots)
+            prewarmer = None
+            if config.prewarm.enabled:
+                prewarmer = Prewarmer(
+                    config.prewarm,
+                    upstream_io,
+                    pool,
+                    metrics,
+                    on_dispatch=scheduler.on_dispatch,
+                    clock=clock,
+                )
+                await resources.enter_async_context(prewarmer)  # copies in flight end with the router
             app.state.router = Router(
                 config, upstream_io, pool, scheduler, dispatcher, metrics, admission, tracing, tokenizer, hub
             )
             app.state.router.clock = clock
+            app.state.router.prewarmer = prewarmer
             app.state.router.discovery_source = source.source
             router = app.state.router
 

@@ -303,6 +303,13 @@ class RouterMetrics:
             ["index"],
             registry=self.registry,
         )
+        self.prewarms = Counter(
+            "burstsched_prewarms",
+            "Prewarm copies (a hot shared prefix computed once more on an idle endpoint), by endpoint and "
+            "outcome: ok, or failed.",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
         self.tokenizations = Counter(
             "burstsched_tokenizations",
             "Requests the router tokenized for the precise index, by outcome: ok, or fallback (no exact "

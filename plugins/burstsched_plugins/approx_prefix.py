@@ -66,9 +66,12 @@ class ApproxPrefixProducer:
         for endpoint in endpoints:
             self._update_capacity(endpoint, request.block_tokens)
         total = len(request.block_hashes)
-        matched = self.index.match(request.block_hashes, (e.name for e in endpoints))
+        index = self.index
+        matched = index.match(request.block_hashes, (e.name for e in endpoints))
         for endpoint in endpoints:
-            state.put(endpoint.name, PrefixMatch(matched[endpoint.name], total, request.block_tokens))
+            name = endpoint.name
+            fill = index.size(name) / index.capacity(name) if name in self._capacities else None
+            state.put(name, PrefixMatch(matched[name], total, request.block_tokens, fill=fill))
 
     def on_dispatch(self, request: SchedRequest, endpoint: EndpointSnapshot) -> None:
         self._update_capacity(endpoint, request.block_tokens)

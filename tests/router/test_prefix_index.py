@@ -72,10 +72,13 @@ def test_producer_bounds_index_by_reported_capacity_and_resets() -> None:
     assert producer.index.size("a") == 5
     state = CycleState()
     producer.produce(request, [endpoint, EndpointSnapshot("b", "u")], state)
-    assert state.get("a", PrefixMatch) == PrefixMatch(5, 12, 64)
-    assert state.get("b", PrefixMatch) == PrefixMatch(0, 12, 64)
+    # a's cache is full by the index's count (5 of 5 blocks); b reported no capacity: its fill is unknown
+    assert state.get("a", PrefixMatch) == PrefixMatch(5, 12, 64, fill=1.0)
+    assert state.get("b", PrefixMatch) == PrefixMatch(0, 12, 64, fill=None)
     producer.reset()
     assert producer.index.size("a") == 0
+    producer.produce(request, [endpoint], state)
+    assert state.get("a", PrefixMatch) == PrefixMatch(0, 12, 64, fill=0.0)
 
 
 def test_unknown_capacity_uses_the_default() -> None:
