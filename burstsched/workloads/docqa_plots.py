@@ -58,23 +58,20 @@ def load_curves(summaries: Sequence[RunSummary], title: str, path: Path, capacit
     first_per_rate: dict[float, RunSummary] = {}
     for summary in summaries:
         first_per_rate.setdefault(summary.rate, summary)
-    ideal = [first_per_rate[rate] for rate in sorted(first_per_rate)]
-    if ideal:
-        hit_axes.plot(
-            [load(s.rate) for s in ideal],
-            [100 * s.ideal_hit_rate for s in ideal],
-            linestyle=":",
-            color="grey",
-            label="ideal (infinite cache)",
-        )
-        ceiling = [s for s in ideal if not math.isnan(s.ceiling_hit_rate)]
-        if ceiling:
+    firsts = [first_per_rate[rate] for rate in sorted(first_per_rate)]
+    bounds = (
+        ("ideal_hit_rate", ":", "ideal (infinite cache)"),
+        ("ceiling_hit_rate", "--", "ceiling (these caches, clairvoyant)"),
+    )
+    for field, linestyle, label in bounds:
+        known = [s for s in firsts if not math.isnan(getattr(s, field))]
+        if known:
             hit_axes.plot(
-                [load(s.rate) for s in ceiling],
-                [100 * s.ceiling_hit_rate for s in ceiling],
-                linestyle="--",
+                [load(s.rate) for s in known],
+                [100 * getattr(s, field) for s in known],
+                linestyle=linestyle,
                 color="grey",
-                label="ceiling (these caches, clairvoyant)",
+                label=label,
             )
     xlabel = "offered load (× cold capacity)" if capacity_rps else "offered rate (requests/s)"
     hit_axes.set_xlabel(xlabel)

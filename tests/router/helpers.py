@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from burstsched.config import EndpointConfig, PoolConfig, RouterConfig, parse_config_text
 from burstsched.framework import ApiKind, PluginContext, PluginRegistry, SchedRequest
@@ -58,3 +59,12 @@ async def until_serving(proc: subprocess.Popen[bytes], client: httpx.AsyncClient
             return False
 
     await eventually(ready, within_s=30, poll=0.1)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of sample ``name`` with these labels in a Prometheus exposition (0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0

@@ -11,7 +11,6 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from burstsched.config import EndpointConfig, PoolConfig, PrewarmConfig
 from burstsched.dispatch import HttpxUpstream, Prewarmer, getter
@@ -29,7 +28,7 @@ from burstsched.server.serve import running_router
 from burstsched.sim import SimConfig, SimPool
 from burstsched.telemetry.metrics import RouterMetrics
 
-from .helpers import eventually, router_config, sched_request
+from .helpers import eventually, metric, router_config, sched_request
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "kv-demo"
@@ -120,14 +119,6 @@ def test_the_copy_keeps_the_prompt_and_asks_one_token_without_streaming() -> Non
 
 
 # -- end to end: a router with prewarming in front of two simulated replicas -----------------------------
-def _metric(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
 def _system_prompt(rng: random.Random) -> str:
     lines = [f"Rule {i}: answer about ticket {rng.randrange(10**6)} in a calm tone." for i in range(250)]
     return " ".join(lines)
@@ -159,7 +150,7 @@ async def _burst_after_warm_hits(pool: SimPool, *, prewarm: bool) -> tuple[Count
 
             async def copies() -> float:
                 text = (await client.get("/metrics")).text
-                return sum(_metric(text, "burstsched_prewarms_total", endpoint=n) for n in pool.names)
+                return sum(metric(text, "burstsched_prewarms_total", endpoint=n) for n in pool.names)
 
             if prewarm:  # the copy has been answered and the pool's count of it released
                 await eventually(lambda: _answered(client, pool.names))
@@ -180,7 +171,7 @@ async def _burst_after_warm_hits(pool: SimPool, *, prewarm: bool) -> tuple[Count
 
 async def _answered(client: httpx.AsyncClient, names: list[str]) -> bool:
     text = (await client.get("/metrics")).text
-    return sum(_metric(text, "burstsched_prewarms_total", outcome="ok", endpoint=n) for n in names) >= 1
+    return sum(metric(text, "burstsched_prewarms_total", outcome="ok", endpoint=n) for n in names) >= 1
 
 
 @pytest.mark.anyio
@@ -232,7 +223,5 @@ async def test_a_failed_copy_is_counted_and_frees_its_endpoint(answer: int | Non
             while prewarmer.in_flight:  # noqa: ASYNC110 - the copy runs in the prewarmer's own task group
                 await anyio.sleep(0.01)
     assert dispatched == ["b"]
-    assert (
-        _metric(metrics.render().decode(), "burstsched_prewarms_total", endpoint="b", outcome="failed") == 1
-    )
+    assert metric(metrics.render().decode(), "burstsched_prewarms_total", endpoint="b", outcome="failed") == 1
     assert pool.load("b") == (0, 0)  # its prefill and in-flight count were given back

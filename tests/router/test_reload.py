@@ -18,7 +18,6 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from burstsched.config import parse_config_text
 from burstsched.framework import PluginContext, PluginRegistry
@@ -29,7 +28,7 @@ from burstsched.server.workers import WORKER_HEADER
 from burstsched.testing.ports import free_port
 from burstsched.testing.replicas import MODEL, Replica, sim_replicas
 
-from .helpers import eventually, until_serving
+from .helpers import eventually, metric, until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,14 +78,6 @@ def config_text(
 
 def chat(content: str) -> dict[str, object]:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
 
 
 @asynccontextmanager
