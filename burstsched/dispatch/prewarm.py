@@ -14,8 +14,8 @@ output token and not streamed. The copy is counted in the pool's load while it r
 prefix index as a dispatch, so later decisions see the prefix there. One copy per prefix per
 ``cooldown_ms``, one copy in flight per endpoint.
 
-Copies use only idle capacity and cache room the index says is free, so under cache pressure (document
-QA past the caches' size) there are none.
+Copies use only idle capacity and cache room the index says is free: under cache pressure (document QA past
+the caches' size) there are none once the index counts the caches full, only a few while they fill.
 """
 
 from __future__ import annotations
@@ -34,7 +34,14 @@ import httpx
 
 from burstsched.config import PrewarmConfig
 from burstsched.dispatch.upstream import Upstream, poster
-from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, uncached_tokens
+from burstsched.framework import (
+    ApiKind,
+    Decision,
+    EndpointSnapshot,
+    PrefixMatch,
+    SchedRequest,
+    uncached_tokens,
+)
 from burstsched.pool import EndpointPool
 from burstsched.telemetry.metrics import RouterMetrics
 
@@ -54,6 +61,10 @@ class Copy:
     """The prompt tokens the endpoint is expected to compute for it (counted in the pool's load)."""
 
 
+_MIN_PRUNE_AT = 4096
+"""Prefixes tracked before the ones with no hit inside the window are forgotten."""
+
+
 class PrefixHeat:
     """Warm hits per prefix over a sliding window, and when each prefix was last copied (pure; time given)."""
 
@@ -61,6 +72,7 @@ class PrefixHeat:
         self._config = config
         self._hits: dict[int, deque[float]] = {}
         self._copied: dict[int, float] = {}
+        self._prune_at = _MIN_PRUNE_AT
 
     def hit(self, prefix: int, now: float) -> bool:
         """Count a warm hit on ``prefix``; whether it is now hot and not copied within the cooldown."""
@@ -71,8 +83,9 @@ class PrefixHeat:
         hits.append(now)
         while hits and hits[0] <= now - window_s:
             hits.popleft()
-        if len(self._hits) > 4096:  # bounded: forget prefixes with no hit inside the window
+        if len(self._hits) > self._prune_at:  # bounded: forget prefixes with no hit inside the window
             self._prune(now - window_s)
+            self._prune_at = max(_MIN_PRUNE_AT, 2 * len(self._hits))  # amortized: not on every hit
         copied = self._copied.get(prefix)
         cooling = copied is not None and now - copied < self._config.cooldown_ms / 1000.0
         return len(hits) >= self._config.hot_requests and not cooling
@@ -107,7 +120,7 @@ def choose_copy(
     prefix = request.block_hashes[depth - 1]  # chained: it names the whole prefix
     if not heat.hit(prefix, now):
         return None
-    target: EndpointSnapshot | None = None
+    target: tuple[EndpointSnapshot, PrefixMatch] | None = None
     for scored in decision.ranked[1:]:
         endpoint = scored.endpoint
         other = decision.matches.get(endpoint.name)
@@ -116,11 +129,12 @@ def choose_copy(
         if other.matched_blocks >= depth:
             return None  # already on two endpoints
         if target is None and _can_take(config, endpoint, other.fill, busy):
-            target = endpoint
+            target = (endpoint, other)
     if target is None:
         return None
     heat.copied(prefix, now)
-    return Copy(target, request, uncached_tokens(request, decision.matches.get(target.name)))
+    endpoint, other = target
+    return Copy(endpoint, request, uncached_tokens(request, other))
 
 
 def _can_take(config: PrewarmConfig, endpoint: EndpointSnapshot, fill: float | None, busy: set[str]) -> bool:

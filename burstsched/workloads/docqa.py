@@ -313,20 +313,19 @@ def ceiling_hits(
         hit_blocks = 0
         for block in range(shared_tokens[document] // block_size):
             key = (document, block)
+            position += 1
             if key in cached:
                 hit_blocks += block < readable
-            elif cache_blocks > 0:
-                if len(cached) >= cache_blocks:
-                    while True:
-                        then, victim = heapq.heappop(furthest)
-                        if cached.get(victim) == -then:
-                            del cached[victim]
-                            break
-                cached[key] = 0
-            if key in cached:
-                cached[key] = next_read[position]
-                heapq.heappush(furthest, (-next_read[position], key))
-            position += 1
+            elif cache_blocks == 0:
+                continue  # nothing is ever cached
+            elif len(cached) >= cache_blocks:
+                while True:  # evict the block read again furthest ahead
+                    then, victim = heapq.heappop(furthest)
+                    if cached.get(victim) == -then:
+                        del cached[victim]
+                        break
+            cached[key] = next_read[position - 1]
+            heapq.heappush(furthest, (-cached[key], key))
         hits.append(hit_blocks * block_size)
     return hits
 
