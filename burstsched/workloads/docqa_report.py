@@ -21,6 +21,8 @@ COLUMNS = (
     "ceiling",
     "ideal",
     "TTFT p50 / p95 / p99 ms",
+    "ceiling cold",
+    "cold TTFT p50 ms",
     "req/s",
     "out tok/s",
     "prefill tok/req",
@@ -43,6 +45,8 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         _pct(s.ceiling_hit_rate),
         _pct(s.ideal_hit_rate),
         f"{_num(s.ttft_p50_ms)} / {_num(s.ttft_p95_ms)} / {_num(s.ttft_p99_ms)}",
+        _pct(s.ceiling_cold_share),
+        _num(s.cold_ttft_p50_ms),
         _num(s.throughput_rps, 2),
         _num(s.output_tokens_per_s, 1),
         _num(s.prefill_tokens_mean),
@@ -67,7 +71,10 @@ NOTES = (
     "again furthest ahead (Belady), over the same completed requests; ideal: "
     "perfect document affinity with an infinite cache over the same completed requests (each document's "
     "first request cold, later ones hit every full block of the document part); TTFT client side "
-    "(sending → first token: the first chunk carrying a choice, as vLLM's own benchmark times it); "
+    "(sending → first token: the first chunk carrying a choice, as vLLM's own benchmark times it); ceiling "
+    "cold: the share of the same requests that the ceiling's cache serves mostly cold (more than half the "
+    "prompt computed); above 5%, the p95 of any router is a cold prefill's; cold TTFT p50: the TTFT median "
+    "of this run's requests that computed more than half their prompt (their usage); "
     "prefill tok/req: Δ`vllm:request_prefill_kv_computed_tokens_sum` / "
     "completed requests; requests per replica from the `x-burstsched-endpoint` header (header), the "
     "client's own choice (client) or Δ`vllm:request_success_total` (counters); send lag: how late the "

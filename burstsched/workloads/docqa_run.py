@@ -8,6 +8,7 @@ and, where no header names the replica, the requests each replica served.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ from burstsched.workloads.replica_state import (
     snapshot,
 )
 from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run, with_router_cpu
+from burstsched.workloads.stats import percentile
 from burstsched.workloads.stream_client import chat_body
 from burstsched.workloads.targets import Endpoints, Route, Target
 
@@ -135,11 +137,26 @@ def summarize(
     ceiling = ceiling_hits(
         documents, corpus.shared_tokens, prompts, block_size, cache_blocks=replicas * capacity_blocks
     )
+    cold = [
+        r.ttft_ms
+        for r in prompted
+        if r.ttft_ms is not None
+        and r.cached_tokens is not None
+        and mostly_cold(r.prompt_tokens, r.cached_tokens)
+    ]
+    ceiling_cold = sum(mostly_cold(p, h) for p, h in zip(prompts, ceiling, strict=True))
     return replace(
         summary,
         cache_bound_hit_rate=sum(hits) / sum(prompts),
         ceiling_hit_rate=sum(ceiling) / sum(prompts),
+        ceiling_cold_share=ceiling_cold / len(prompts),
+        cold_ttft_p50_ms=percentile(cold, 50) if cold else math.nan,
     )
+
+
+def mostly_cold(prompt_tokens: int | None, cached_tokens: int) -> bool:
+    """Whether a request computed more than half its prompt."""
+    return prompt_tokens is not None and cached_tokens * 2 < prompt_tokens
 
 
 # -- one target ----------------------------------------------------------------------------------------

@@ -55,7 +55,26 @@ async def router_process(
         yield base_url
     finally:
         await _stop(proc)
-        await anyio.to_thread.run_sync(lambda: log_path.unlink(missing_ok=True))
+        await anyio.to_thread.run_sync(keep_if_troubled, log_path)
+
+
+_TROUBLE = (" WARNING ", " ERROR ", " CRITICAL ", "Traceback")
+
+
+def keep_if_troubled(log: Path) -> None:
+    """Delete the router's log, unless it warned or failed: then keep it and say where, on stderr (a load
+    test's failed request is explained by the router's side of it)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return
+    troubled = [line for line in text.splitlines() if any(mark in line for mark in _TROUBLE)]
+    if not troubled:
+        log.unlink(missing_ok=True)
+        return
+    lines = f"{len(troubled)} line{'s' if len(troubled) != 1 else ''}"
+    print(f"router log kept: {log} ({lines} of warnings or errors); its end:", file=sys.stderr)
+    print(_tail(log, 10), file=sys.stderr)
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:

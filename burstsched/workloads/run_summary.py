@@ -52,6 +52,11 @@ class RunSummary:
     ceiling_hit_rate: float = math.nan
     """The most any router could hit with the replicas' caches together, where the workload has one: a
     clairvoyant cache of all their blocks (see :func:`burstsched.workloads.docqa.ceiling_hits`)."""
+    ceiling_cold_share: float = math.nan
+    """The share of requests that even the ceiling's clairvoyant cache serves mostly cold (more than half the
+    prompt computed). Above 5%, every router's TTFT p95 is a cold prefill's."""
+    cold_ttft_p50_ms: float = math.nan
+    """TTFT p50 of this run's requests that computed more than half their prompt (from their usage)."""
     burst_ttft_p95_ms: float = math.nan
     """TTFT p95 of the requests that arrived in a burst, where the workload has bursts."""
     other_ttft_p95_ms: float = math.nan

@@ -98,6 +98,11 @@ def test_summary_combines_client_and_replica_measurements() -> None:
     roomy = summarize("t", 2.0, records, deltas, corpus, block_size=16, partition=(2, 2))
     assert roomy.cache_bound_hit_rate == pytest.approx(64 / 120)
     assert roomy.ceiling_hit_rate == pytest.approx(64 / 120)
+    # only the document's first request computes more than half its prompt, in the run and under the ceiling
+    assert roomy.ceiling_cold_share == pytest.approx(1 / 3)
+    assert roomy.cold_ttft_p50_ms == pytest.approx(10.0)
+    no_room = summarize("t", 2.0, records, deltas, corpus, block_size=16, partition=(1, 0))
+    assert no_room.ceiling_cold_share == 1.0
     # a 1-block cache cannot hold a document: nothing hits
     tight = summarize("t", 2.0, records, deltas, corpus, block_size=16, partition=(2, 1))
     assert tight.cache_bound_hit_rate == 0.0
@@ -105,6 +110,7 @@ def test_summary_combines_client_and_replica_measurements() -> None:
     assert tight.ceiling_hit_rate == pytest.approx(64 / 120)
     cells = [c.strip() for c in markdown_table([tight]).splitlines()[-1].split("|")]
     assert cells[7:10] == ["0.0%", "53.3%", "53.3%"]  # LRU affinity, ceiling, ideal
+    assert cells[11:13] == ["33.3%", "10"]  # ceiling cold, cold TTFT p50
 
 
 def test_summary_falls_back_to_counters_without_a_replica_name() -> None:
