@@ -8,16 +8,21 @@ its size (with httptools). :func:`guarded_protocol` returns uvicorn's httptools 
   closes the connection;
 - a head larger than ``max_header_bytes`` gets 431 and the connection is closed;
 - an idle keep-alive connection is closed after ``keep_alive_s`` (uvicorn's own timer, at sub-second
-  precision).
+  precision), unless the next request's first bytes already wait in its socket: on a busy event loop the
+  timer can run before the loop reads a request that arrived in time, and closing then would drop that
+  request unanswered (clients do not resend a POST).
 
 Each slow connection costs one timer; it never holds up other connections.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import json
 import logging
+import termios
 from typing import Any
 
 from uvicorn.config import Config
@@ -99,6 +104,16 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_tail = b""  # the keep-alive timer watches the idle time until the next request begins
 
+    def timeout_keep_alive_handler(self) -> None:
+        """Close the idle connection, unless a request already waits in its socket: then wait on."""
+        if self.transport is not None and _bytes_waiting(self.transport) > 0:
+            log.debug("keep-alive timer ran with a request waiting from %s: served, not closed", self.client)
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+            return
+        super().timeout_keep_alive_handler()
+
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
@@ -121,6 +136,19 @@ class _GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_head_timer()
         self.transport.write(_raw_error(status, reason, message))
         self.transport.close()
+
+
+def _bytes_waiting(transport: asyncio.BaseTransport) -> int:
+    """Bytes received on the transport's socket that the event loop has not read yet (0 if unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count, True)
+    except (OSError, ValueError):
+        return 0
+    return count[0]
 
 
 def guarded_protocol(
