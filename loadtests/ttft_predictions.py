@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from burstsched.workloads.report_page import aligned_table
+from burstsched.workloads.report_page import aligned_table, text_table
 
 HEADER = "x-burstsched-predicted-ttft-ms"
 COLUMNS = (
@@ -105,12 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not table:
         print("no request carried x-burstsched-predicted-ttft-ms", file=sys.stderr)
         return 1
-    if args.markdown:
-        print(aligned_table(COLUMNS, table))
-    else:
-        widths = [max(len(c), *(len(r[i]) for r in table)) for i, c in enumerate(COLUMNS)]
-        for line in (COLUMNS, *table):
-            print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)))
+    print(aligned_table(COLUMNS, table) if args.markdown else text_table(COLUMNS, table))
     return 0
 
 

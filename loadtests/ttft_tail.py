@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from burstsched.workloads.report_page import aligned_table
+from burstsched.workloads.report_page import aligned_table, text_table
 from burstsched.workloads.stats import percentile
 from loadtests.ttft_predictions import load
 
@@ -102,12 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not table:
         print("no run's requests name their replica", file=sys.stderr)
         return 1
-    if args.markdown:
-        print(aligned_table(COLUMNS, table))
-    else:
-        widths = [max(len(c), *(len(r[i]) for r in table)) for i, c in enumerate(COLUMNS)]
-        for line in (COLUMNS, *table):
-            print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)))
+    print(aligned_table(COLUMNS, table) if args.markdown else text_table(COLUMNS, table))
     return 0
 
 

@@ -30,6 +30,13 @@ def aligned_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table for a terminal: columns padded to their widest cell, two spaces apart."""
+    lines_of = [tuple(header), *(tuple(row) for row in rows)]
+    widths = [max(len(row[i]) for row in lines_of) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)) for row in lines_of)
+
+
 def report_page(
     title: str,
     command: str,

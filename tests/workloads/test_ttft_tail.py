@@ -64,6 +64,10 @@ def test_runs_without_replicas_are_left_out(tmp_path: Path, capsys: pytest.Captu
     assert main([str(path), "--share", "0.5", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert "burstsched:cost @ 3.80/s" in out and "sglang" not in out
+    assert main([str(path), "--share", "0.5"]) == 0  # a plain-text table, its columns aligned
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("run ") and lines[1].startswith("burstsched:cost @ 3.80/s  300 ")
+    assert lines[0].index("p95 ms") == lines[1].index("300")
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"runs": [report["runs"][1]]}))
     assert main([str(empty)]) == 1
