@@ -16,6 +16,7 @@ from burstsched.testing import vllm_env
 from burstsched.testing.fixtures import skip_reason
 from burstsched.testing.ports import free_ports
 from burstsched.testing.vllm_replica import (
+    STOP_TIMEOUT_S,
     VllmConfig,
     VllmEnvMissing,
     VllmPool,
@@ -101,7 +102,7 @@ def test_a_server_that_never_answers_is_stopped(monkeypatch: pytest.MonkeyPatch,
 
 
 _INTERRUPTED_LOAD_TEST = """
-import signal, sys
+import faulthandler, signal, sys
 from pathlib import Path
 
 import anyio
@@ -118,9 +119,14 @@ async def main(model):
         await anyio.sleep(60)
 
 
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks if it hangs
 signal.signal(signal.SIGTERM, interrupt)
 anyio.run(main, Path(sys.argv[1]))
 """
+
+_EXIT_BOUND_S = 2 * STOP_TIMEOUT_S + 15
+"""How long the interrupted load test may take to exit: each of its 2 replicas may need the whole stop
+timeout before SIGKILL, and a loaded machine's interpreter some seconds more."""
 
 
 def test_a_load_test_interrupted_while_its_replicas_start_stops_them(
@@ -139,7 +145,9 @@ def test_a_load_test_interrupted_while_its_replicas_start_stops_them(
         'while [ "$1" != "--port" ]; do shift; done\n'
         f"exec {sys.executable} -m http.server $2 --bind 127.0.0.1 --directory {tmp_path / 'www'}",
     )
-    test = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_LOAD_TEST, str(tmp_path)])
+    stderr = tmp_path / "load-test.err"
+    with stderr.open("wb") as err:
+        test = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_LOAD_TEST, str(tmp_path)], stderr=err)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 30
@@ -148,7 +156,16 @@ def test_a_load_test_interrupted_while_its_replicas_start_stops_them(
             time.sleep(0.05)
         pids = [int(pid) for pid in started.read_text().split()]
         test.send_signal(signal.SIGTERM)  # they are still loading
-        assert test.wait(timeout=30) != 0
+        try:
+            returncode = test.wait(timeout=_EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            test.send_signal(signal.SIGUSR1)  # every thread's stack to its stderr
+            time.sleep(1.0)
+            raise AssertionError(
+                f"the load test did not exit within {_EXIT_BOUND_S} s of SIGTERM; its stderr:\n"
+                + stderr.read_text(errors="replace")[-6000:]
+            ) from None
+        assert returncode != 0
         deadline = time.monotonic() + 10
         while any(group_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -156,6 +173,7 @@ def test_a_load_test_interrupted_while_its_replicas_start_stops_them(
     finally:
         if test.poll() is None:
             test.kill()
+            test.wait(timeout=10)  # reaped here, not left to warn in a later test
         for pid in pids:  # end what the test started, whatever happened
             if group_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
