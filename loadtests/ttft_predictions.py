@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from burstsched.workloads.report_page import aligned_table, text_table
+from burstsched.workloads.stats import mostly_cold
 
 HEADER = "x-burstsched-predicted-ttft-ms"
 COLUMNS = (
@@ -53,7 +54,8 @@ def pairs(requests: Iterable[Mapping[str, Any]]) -> list[tuple[float, float, boo
         if HEADER not in headers or r.get("ttft_ms") is None:
             continue
         prompt, cached = r.get("prompt_tokens") or 0, r.get("cached_tokens") or 0
-        out.append((float(headers[HEADER]), float(r["ttft_ms"]), prompt > 0 and cached >= prompt / 2))
+        warm = prompt > 0 and not mostly_cold(prompt, cached)
+        out.append((float(headers[HEADER]), float(r["ttft_ms"]), warm))
     return out
 
 

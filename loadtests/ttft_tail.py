@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from burstsched.workloads.report_page import aligned_table, text_table
-from burstsched.workloads.stats import percentile
+from burstsched.workloads.stats import mostly_cold, percentile
 from loadtests.ttft_predictions import load
 
 BUSY_TOKENS = 500
@@ -68,7 +68,7 @@ def tail_kinds(requests: Sequence[Mapping[str, Any]], share: float = 0.9) -> tup
         busy = {str(o["replica"]) for o in done if o is not r and _in_prefill(o, at)}
         here_busy = r["replica"] in busy
         other_free = bool(replicas - busy - {r["replica"]})
-        cold = _uncached(r) * 2 > int(r.get("prompt_tokens") or 0)
+        cold = mostly_cold(int(r.get("prompt_tokens") or 0), int(r.get("cached_tokens") or 0))
         if cold and not here_busy:
             kinds[KINDS[0]] += 1
         elif here_busy and other_free:

@@ -35,7 +35,7 @@ from burstsched.workloads.replica_state import (
     snapshot,
 )
 from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run, with_router_cpu
-from burstsched.workloads.stats import percentile
+from burstsched.workloads.stats import mostly_cold, percentile
 from burstsched.workloads.stream_client import chat_body
 from burstsched.workloads.targets import Endpoints, Route, Target
 
@@ -152,11 +152,6 @@ def summarize(
         ceiling_cold_share=ceiling_cold / len(prompts),
         cold_ttft_p50_ms=percentile(cold, 50) if cold else math.nan,
     )
-
-
-def mostly_cold(prompt_tokens: int | None, cached_tokens: int) -> bool:
-    """Whether a request computed more than half its prompt."""
-    return prompt_tokens is not None and cached_tokens * 2 < prompt_tokens
 
 
 # -- one target ----------------------------------------------------------------------------------------

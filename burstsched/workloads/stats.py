@@ -20,3 +20,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 def ratio(numerator: float, denominator: float) -> float:
     """``numerator / denominator``, NaN when the denominator is zero."""
     return numerator / denominator if denominator else math.nan
+
+
+def mostly_cold(prompt_tokens: int | None, cached_tokens: int) -> bool:
+    """Whether a request computed more than half its prompt (``cached_tokens`` of it served from cache)."""
+    return prompt_tokens is not None and cached_tokens * 2 < prompt_tokens
