@@ -25,6 +25,7 @@ import httpx
 from burstsched.config import EndpointConfig, PoolConfig
 from burstsched.framework import EndpointSnapshot
 from burstsched.pool.circuit import CircuitBreaker, CircuitSettings, CircuitState
+from burstsched.pool.decaying_rate import DecayingRate
 from burstsched.pool.scrape import MetricsFormatError, MetricsParser, ReplicaMetrics
 from burstsched.pool.ttft_fit import TtftFit
 
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 Fetch = Callable[[str, float], Awaitable[tuple[int, bytes]]]
 """``fetch(url, timeout_s) -> (status, body)``: a GET within ``timeout_s``, for checks and scrapes; raises
 httpx's transport errors (``ConnectError``: refused)."""
+
+DEMAND_TIME_CONSTANT_S = 10.0
+"""Time constant of each endpoint's prefill demand (tokens sent per second): long enough to hold a few
+dozen requests at the rates where demand matters, short enough to follow a change of load within seconds."""
 
 FAILURES_BEFORE_UNHEALTHY = CircuitSettings().failure_threshold
 """Consecutive failed dispatches (timeouts, 5xx) that open an endpoint's circuit, by default."""
@@ -47,6 +52,8 @@ class _EndpointState:
     last_scrape: float = -math.inf
     in_flight: int = 0
     queued_prefill: int = 0
+    prefill_demand: DecayingRate = field(default_factory=lambda: DecayingRate(DEMAND_TIME_CONSTANT_S))
+    """Prompt tokens per second the router has recently sent here to be computed (its prefill demand)."""
     prefill_rate: float | None = None
     prefill_counters: tuple[float, float] | None = None
     sent_prompt_tokens: int = 0
@@ -168,6 +175,7 @@ class EndpointPool:
             block_size=metrics.block_size,
             num_gpu_blocks=metrics.num_gpu_blocks,
             queued_prefill_tokens=state.queued_prefill,
+            prefill_demand_tokens_per_s=state.prefill_demand.rate(now),
             prefill_tokens_per_s=state.prefill_rate,
             engine_tokens_per_prompt_token=state.engine_tokens_per_prompt_token,
             ttft=state.ttft.estimate(),
@@ -245,6 +253,8 @@ class EndpointPool:
         state.in_flight += 1
         state.queued_prefill += prefill_tokens
         state.sent_prompt_tokens += prompt_tokens
+        if prefill_tokens > 0:
+            state.prefill_demand.add(prefill_tokens, self._clock())
 
     def load(self, name: str) -> tuple[int, int]:
         """``name``'s queued prefill tokens and in-flight requests as the router counts them (read right

@@ -134,6 +134,12 @@ class _EndpointCollector(Collector):
             "no first token yet (the cost scorer's queue).",
             labels=["endpoint"],
         )
+        demand = GaugeMetricFamily(
+            "burstsched_endpoint_prefill_demand_tokens_per_second",
+            "Prompt tokens per second the router has recently sent the endpoint to compute (exponentially "
+            "weighted, 10 s time constant); over the prefill speed, how busy the router keeps its prefill.",
+            labels=["endpoint"],
+        )
         speed = GaugeMetricFamily(
             "burstsched_endpoint_prefill_tokens_per_second",
             "The endpoint's prefill speed learned from its metrics (absent until known).",
@@ -156,6 +162,7 @@ class _EndpointCollector(Collector):
             stale.add_metric([snap.name], 1.0 if snap.stale else 0.0)
             in_flight.add_metric([snap.name], float(snap.in_flight))
             queued.add_metric([snap.name], float(snap.queued_prefill_tokens))
+            demand.add_metric([snap.name], snap.prefill_demand_tokens_per_s)
             if snap.prefill_tokens_per_s is not None:
                 speed.add_metric([snap.name], snap.prefill_tokens_per_s)
             if snap.ttft is not None:
@@ -165,7 +172,7 @@ class _EndpointCollector(Collector):
                 fitted.add_metric([snap.name, "samples"], float(snap.ttft.samples))
             if snap.metrics_age != float("inf"):
                 age.add_metric([snap.name], snap.metrics_age)
-        return [healthy, stale, in_flight, queued, speed, fitted, age]
+        return [healthy, stale, in_flight, queued, demand, speed, fitted, age]
 
 
 class _IndexCollector(Collector):

@@ -68,3 +68,22 @@ async def test_the_prefill_speed_is_learned_from_the_counters_growth() -> None:
     pages.tokens, pages.seconds = 1010.0, 1.01
     await pool.scrape("a")
     assert pool.snapshot("a").prefill_tokens_per_s is not None
+
+
+async def test_the_prefill_demand_is_what_was_sent_to_compute_per_second_lately() -> None:
+    now = [0.0]
+    fetch = getter(HttpxUpstream(httpx.MockTransport(Pages())))
+    pool = EndpointPool(
+        [EndpointConfig(url="http://a:1", name="a"), EndpointConfig(url="http://b:1", name="b")],
+        PoolConfig(),
+        fetch,
+        clock=lambda: now[0],
+    )
+    for _ in range(600):  # 2 requests of 1000 tokens to compute per second to a, for 5 time constants
+        now[0] += 0.5
+        pool.acquire("a", 1000, 1200)
+        pool.acquire("b", 0, 1200)  # a warm hit with nothing to compute adds no demand
+    assert pool.snapshot("a").prefill_demand_tokens_per_s == pytest.approx(2000.0, rel=0.03)
+    assert pool.snapshot("b").prefill_demand_tokens_per_s == 0.0
+    now[0] += 10.0  # one time constant with nothing sent
+    assert pool.snapshot("a").prefill_demand_tokens_per_s == pytest.approx(2000.0 / 2.718, rel=0.03)
