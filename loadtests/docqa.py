@@ -5,13 +5,17 @@
         [--targets burstsched:config/default.yaml,random,sglang:cache_aware,sglang:round_robin,
                    vllm-router:cache_aware]
         [--documents D] [--zipf 1.0] [--doc-tokens 2200-3600] [--max-tokens 16] [--time-scale 0.1]
-        [--routers 1,2]
+        [--routers 1,2] [--repeats N]
 
 D documents (each longer than 2k tokens), Zipf popularity, a distinct short question per request, Poisson
 arrivals; the sequence is fixed by ``--seed``, so every target gets the identical requests at the identical
 times (burstsched/workloads/docqa.py). Between targets the replicas' prefix caches are reset.
 ``--routers 1,2`` runs each burstsched target once per router count: with N > 1, N independent
 ``burstsched serve`` processes over the same replicas, request i sent to router i mod N (label ``xN``).
+
+``--repeats N`` runs N passes over the targets at each rate, every other pass in reverse order (A B, B A,
+A B): on a shared machine a replica's speed drifts between runs by more than routers differ, and the same
+sequence through the same router can land far apart; alternating spreads the drift over every target.
 
 Sizing. Documents are sized with the serving tokenizer (the simulator's built-in one, or the tiny model's
 on real vLLM; a one-replica simulator with that tokenizer sizes them before the pool starts, then the real
@@ -65,7 +69,7 @@ from burstsched.workloads.docqa_report import markdown_table, report_markdown
 from burstsched.workloads.docqa_run import RequestRecord, run_target
 from burstsched.workloads.replica_state import CacheConfig, read_cache_config
 from burstsched.workloads.router_process import RouterStartError
-from burstsched.workloads.run_summary import TargetRun
+from burstsched.workloads.run_summary import TargetRun, as_repeat
 from burstsched.workloads.targets import Target, parse_targets
 from loadtests.peers import PeerUnavailable
 from loadtests.replica_pool import (
@@ -82,6 +86,8 @@ from loadtests.run_report import write_run_report
 from loadtests.run_targets import (
     add_run_arguments,
     build_targets,
+    passes,
+    passes_note,
     progress_line,
     reason,
 )
@@ -175,7 +181,9 @@ async def main(args: argparse.Namespace) -> int:
             attempts: list[list[float]] = []
             for rate in rates:
                 requests = build_sequence(replace(spec, rate=rate), random.Random(args.seed))
-                for target in targets:
+                for repeat, target in passes(targets, args.repeats):
+                    if target.label in skipped:
+                        continue
                     try:
                         run, lags = await run_with_retries(
                             client, target, pool, corpus, requests, rate, cache, args
@@ -184,7 +192,7 @@ async def main(args: argparse.Namespace) -> int:
                         print(f"\nskipping {target.label}: {exc}", file=sys.stderr)
                         skipped[target.label] = reason(exc)
                         continue
-                    runs.append((rate, run))
+                    runs.append((rate, as_repeat(run, repeat)))
                     attempts.append(lags)
     setup = describe(args, spec, corpus, working_set, cache, rates, capacity)
     setup["wall time"] = f"{time.monotonic() - started:.0f} s (sizing, replica start-up, calibration, runs)"
@@ -263,6 +271,8 @@ def describe(
         f"was run again, at most {args.retries} time(s); the table shows the last attempt, the JSON every "
         "attempt's lag"
     )
+    if args.repeats > 1:
+        setup["passes"] = passes_note(args.repeats)
     if args.backend == "sim":
         setup["time scale"] = f"{args.time_scale} (latencies are wall-clock at this scale)"
     return setup

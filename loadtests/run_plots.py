@@ -24,7 +24,7 @@ def write_plots(
     for rate in rates:
         name = f"{tag}-ttft-cdf" + (f"-{rate:.2f}" if len(rates) > 1 else "") + ".png"
         ttfts = {
-            run.summary.target: [r.ttft_ms for r in run.records if r.ok and r.ttft_ms is not None]
+            run.summary.row_label: [r.ttft_ms for r in run.records if r.ok and r.ttft_ms is not None]
             for rr, run in runs
             if rr == rate
         }

@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from burstsched.workloads.open_loop import Progress, ProgressSink, R
 from burstsched.workloads.router_fleet import burstsched_fleet_target
@@ -27,6 +28,41 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_targets: str) -> 
         "--max-send-lag-ms", type=float, default=250.0, help="repeat a run sent later than this"
     )
     parser.add_argument("--retries", type=int, default=1, help="repeats of a run whose send lag was too high")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="passes over the targets at each rate, every other one in reverse order (A B, B A, ...), so a "
+        "drift of the machine's speed over the run weighs on every target alike",
+    )
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value
+
+
+T = TypeVar("T")
+
+
+def passes(targets: Sequence[T], repeats: int) -> list[tuple[int, T]]:
+    """The runs at one rate, in order: (pass from 1, target), each pass after the first in the order
+    reverse to the one before it."""
+    order: list[tuple[int, T]] = []
+    for repeat in range(1, repeats + 1):
+        ordered = targets if repeat % 2 else list(reversed(targets))
+        order.extend((repeat, target) for target in ordered)
+    return order
+
+
+def passes_note(repeats: int) -> str:
+    """The report's setup line for ``--repeats``."""
+    return (
+        f"{repeats} over the targets at each rate, every other one in reverse order; a target's later "
+        "passes are rows labelled #2, #3, ... (the JSON's `repeat`)"
+    )
 
 
 def build_targets(

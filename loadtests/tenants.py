@@ -6,6 +6,7 @@
                    vllm-router:cache_aware] [--build-peers]
         [--tenants 10] [--tenant-zipf 1.0] [--system-tokens 1000-4000] [--turns 2-6] [--think-gaps 20]
         [--burst-users 8] [--burst-gaps 60] [--max-tokens 16] [--time-scale 0.3] [--out PREFIX]
+        [--repeats N]
 
 T tenants, each with a long system prompt; their users hold multi-turn chats (each turn's prompt is the
 whole conversation so far plus a new question; the earlier answers are deterministic stand-ins of
@@ -13,7 +14,8 @@ whole conversation so far plus a new question; the earlier answers are determini
 user's next turn waits for the previous one to end. Poisson arrivals at the rate, K-user bursts of one
 tenant on top every ``--burst-gaps`` mean gaps. The sequence is fixed by ``--seed``, so every target gets
 the identical requests at the identical times (burstsched/workloads/tenants.py). Between targets the
-replicas' prefix caches are reset.
+replicas' prefix caches are reset. ``--repeats N`` runs N passes over the targets at each rate, every
+other pass in reverse order (as in ``loadtests/docqa.py``).
 
 Sizing. System prompts are sized with the serving tokenizer (a one-replica simulator with it, before the
 pool starts); every prompt of the sequence is tokenized the same way, which gives the working set (its
@@ -54,7 +56,7 @@ from burstsched.workloads.capacity import Capacity, measure_cold_capacity
 from burstsched.workloads.contexts import context_text
 from burstsched.workloads.replica_state import CacheConfig, read_cache_config
 from burstsched.workloads.router_process import RouterStartError
-from burstsched.workloads.run_summary import TargetRun
+from burstsched.workloads.run_summary import TargetRun, as_repeat
 from burstsched.workloads.targets import Target, parse_targets
 from burstsched.workloads.tenants import (
     ChatTurn,
@@ -83,6 +85,8 @@ from loadtests.run_report import write_run_report
 from loadtests.run_targets import (
     add_run_arguments,
     build_targets,
+    passes,
+    passes_note,
     progress_line,
     reason,
     run_with_retries,
@@ -211,7 +215,9 @@ async def main(args: argparse.Namespace) -> int:
             for rate in rates:
                 requests = build_sequence(spec_of(args, rate), random.Random(args.seed))
                 sequences[rate] = requests
-                for target in targets:
+                for repeat, target in passes(targets, args.repeats):
+                    if target.label in skipped:
+                        continue
                     try:
                         run, lags = await run_one(
                             client, target, pool, tenants, requests, prompts, rate, cache, args
@@ -220,7 +226,7 @@ async def main(args: argparse.Namespace) -> int:
                         print(f"\nskipping {target.label}: {exc}", file=sys.stderr)
                         skipped[target.label] = reason(exc)
                         continue
-                    runs.append((rate, run))
+                    runs.append((rate, as_repeat(run, repeat)))
                     attempts.append(lags)
     setup = describe(args, tenants, sequences, prompts, working_set, cache, capacity)
     setup["wall time"] = f"{time.monotonic() - started:.0f} s (sizing, replica start-up, calibration, runs)"
@@ -326,6 +332,8 @@ def describe(
         f"was run again, at most {args.retries} time(s); the table shows the last attempt, the JSON every "
         "attempt's lag"
     )
+    if args.repeats > 1:
+        setup["passes"] = passes_note(args.repeats)
     if args.backend == "sim":
         setup["time scale"] = f"{args.time_scale} (latencies are wall-clock at this scale)"
     return setup

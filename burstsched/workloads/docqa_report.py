@@ -35,7 +35,7 @@ COLUMNS = (
 def table_row(s: RunSummary) -> tuple[str, ...]:
     spread = "/".join(str(n) for n in s.requests_per_replica.values())
     return (
-        s.target,
+        s.row_label,
         _num(s.rate, 2),
         str(s.requests),
         str(s.completed),

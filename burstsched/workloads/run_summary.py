@@ -64,6 +64,13 @@ class RunSummary:
     router_cpu_ms: float = math.nan
     """CPU the target's routers spent per completed request over the run (user + system, from ``/proc``,
     their idle work included); nan for client-side routing."""
+    repeat: int = 1
+    """Which pass over the targets at this rate the run was (workloads' ``--repeats``), from 1."""
+
+    @property
+    def row_label(self) -> str:
+        """The target, and its pass when there were several: ``sglang:cache_aware #2``."""
+        return self.target if self.repeat == 1 else f"{self.target} #{self.repeat}"
 
     @property
     def replica_max_over_mean(self) -> float:
@@ -159,6 +166,11 @@ class TargetRun(Generic[R_co]):
             "replica_deltas": {name: asdict(d) for name, d in self.deltas.items()},
             "requests": [r.as_json() for r in self.records],
         }
+
+
+def as_repeat(run: TargetRun[R_co], repeat: int) -> TargetRun[R_co]:
+    """``run`` marked as the ``repeat``-th pass over the targets at its rate."""
+    return replace(run, summary=replace(run.summary, repeat=repeat))
 
 
 def with_router_cpu(summary: RunSummary, router_cpu_s: float | None) -> RunSummary:

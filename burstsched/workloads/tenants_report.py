@@ -50,7 +50,7 @@ NOTES = (
 def table_row(s: RunSummary) -> tuple[str, ...]:
     spread = "/".join(str(n) for n in s.requests_per_replica.values())
     return (
-        s.target,
+        s.row_label,
         num(s.rate, 2),
         str(s.requests),
         str(s.completed),
