@@ -429,7 +429,7 @@ def create_app(
                 on_change=metrics.discovery_change,
             )
             tokenizer = _prompt_tokenizer(config, bool(consumers), control_io, pool)
-            metrics.watch_endpoints(pool.snapshots)
+            metrics.watch_endpoints(pool.snapshots, pool.prefill_demands)
             metrics.watch_discovery(lambda: [s.state for s in pool.statuses()])
             metrics.watch_plugins(scheduler.profile.plugins, lambda: pool.names)
             loop = asyncio.get_running_loop()

@@ -175,7 +175,6 @@ class EndpointPool:
             block_size=metrics.block_size,
             num_gpu_blocks=metrics.num_gpu_blocks,
             queued_prefill_tokens=state.queued_prefill,
-            prefill_demand_tokens_per_s=state.prefill_demand.rate(now),
             prefill_tokens_per_s=state.prefill_rate,
             engine_tokens_per_prompt_token=state.engine_tokens_per_prompt_token,
             ttft=state.ttft.estimate(),
@@ -183,6 +182,12 @@ class EndpointPool:
 
     def snapshot(self, name: str) -> EndpointSnapshot:
         return self._snapshot(self._state(name), self._clock())
+
+    def prefill_demands(self) -> dict[str, float]:
+        """Each endpoint's prefill demand now: prompt tokens per second the router has recently sent it to
+        compute. Read for ``/metrics`` only, so it stays out of the snapshots every decision builds."""
+        now = self._clock()
+        return {name: state.prefill_demand.rate(now) for name, state in self._states.items()}
 
     def kv_geometry(self, name: str) -> tuple[int | None, int | None]:
         """``name``'s KV block size and block count as its last scrape gave them; (None, None): unknown."""

@@ -15,7 +15,7 @@ response (its ``x-burstsched-endpoint`` header) and skip responses the router an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -109,8 +109,13 @@ class _TraceExportCollector(Collector):
 class _EndpointCollector(Collector):
     """Endpoint health, staleness, metrics age and in-flight counts, read from the pool at scrape time."""
 
-    def __init__(self, snapshots: Callable[[], Sequence[EndpointSnapshot]]) -> None:
+    def __init__(
+        self,
+        snapshots: Callable[[], Sequence[EndpointSnapshot]],
+        demands: Callable[[], Mapping[str, float]],
+    ) -> None:
         self._snapshots = snapshots
+        self._demands = demands
 
     def collect(self) -> Iterable[Metric]:
         healthy = GaugeMetricFamily(
@@ -157,12 +162,13 @@ class _EndpointCollector(Collector):
             "Seconds since the endpoint's last successful metrics scrape (absent before the first).",
             labels=["endpoint"],
         )
+        demands = self._demands()
         for snap in self._snapshots():
             healthy.add_metric([snap.name], 1.0 if snap.healthy else 0.0)
             stale.add_metric([snap.name], 1.0 if snap.stale else 0.0)
             in_flight.add_metric([snap.name], float(snap.in_flight))
             queued.add_metric([snap.name], float(snap.queued_prefill_tokens))
-            demand.add_metric([snap.name], snap.prefill_demand_tokens_per_s)
+            demand.add_metric([snap.name], demands.get(snap.name, 0.0))
             if snap.prefill_tokens_per_s is not None:
                 speed.add_metric([snap.name], snap.prefill_tokens_per_s)
             if snap.ttft is not None:
@@ -387,9 +393,14 @@ class RouterMetrics:
         self._e2e_children: dict[str, Histogram] = {}
         self._wait_children: dict[str, Histogram] = {}
 
-    def watch_endpoints(self, snapshots: Callable[[], Sequence[EndpointSnapshot]]) -> None:
-        """Export the pool's per-endpoint gauges, read at each scrape."""
-        self.registry.register(_EndpointCollector(snapshots))
+    def watch_endpoints(
+        self,
+        snapshots: Callable[[], Sequence[EndpointSnapshot]],
+        demands: Callable[[], Mapping[str, float]] = dict,
+    ) -> None:
+        """Export the pool's per-endpoint gauges, read at each scrape (``demands``: each endpoint's prefill
+        demand in tokens/s, 0 where absent)."""
+        self.registry.register(_EndpointCollector(snapshots, demands))
 
     def watch_discovery(self, states: Callable[[], Iterable[str]]) -> None:
         """Export how many endpoints are in each discovery state, read from the pool at each scrape."""

@@ -83,7 +83,7 @@ async def test_the_prefill_demand_is_what_was_sent_to_compute_per_second_lately(
         now[0] += 0.5
         pool.acquire("a", 1000, 1200)
         pool.acquire("b", 0, 1200)  # a warm hit with nothing to compute adds no demand
-    assert pool.snapshot("a").prefill_demand_tokens_per_s == pytest.approx(2000.0, rel=0.03)
-    assert pool.snapshot("b").prefill_demand_tokens_per_s == 0.0
+    assert pool.prefill_demands()["a"] == pytest.approx(2000.0, rel=0.03)
+    assert pool.prefill_demands()["b"] == 0.0
     now[0] += 10.0  # one time constant with nothing sent
-    assert pool.snapshot("a").prefill_demand_tokens_per_s == pytest.approx(2000.0 / 2.718, rel=0.03)
+    assert pool.prefill_demands()["a"] == pytest.approx(2000.0 / 2.718, rel=0.03)

@@ -288,3 +288,13 @@ async def test_router_metrics_count_requests_by_endpoint_and_outcome(client: htt
     assert "burstsched_scheduling_duration_seconds_count 1.0" in text
     assert f'burstsched_endpoint_healthy{{endpoint="{name}"}} 1.0' in text
     assert "vllm:" not in text
+
+
+@pytest.mark.anyio
+async def test_the_prefill_demand_gauge_reads_the_pool(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/chat/completions", json=CHAT)
+    name = response.headers["x-burstsched-endpoint"]
+    text = (await client.get("/metrics")).text
+    prefix = f'burstsched_endpoint_prefill_demand_tokens_per_second{{endpoint="{name}"}} '
+    (line,) = [line for line in text.splitlines() if line.startswith(prefix)]
+    assert float(line.removeprefix(prefix)) > 0.0  # a cold request's prompt, sent to be computed
