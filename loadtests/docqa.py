@@ -49,6 +49,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import anyio
@@ -68,10 +69,8 @@ from burstsched.workloads.docqa import (
 from burstsched.workloads.docqa_report import markdown_table, report_markdown
 from burstsched.workloads.docqa_run import RequestRecord, run_target
 from burstsched.workloads.replica_state import CacheConfig, read_cache_config
-from burstsched.workloads.router_process import RouterStartError
-from burstsched.workloads.run_summary import TargetRun, as_repeat
+from burstsched.workloads.run_summary import TargetRun
 from burstsched.workloads.targets import Target, parse_targets
-from loadtests.peers import PeerUnavailable
 from loadtests.replica_pool import (
     VLLM_BLOCK_SIZE,
     Pool,
@@ -86,10 +85,9 @@ from loadtests.run_report import write_run_report
 from loadtests.run_targets import (
     add_run_arguments,
     build_targets,
-    passes,
     passes_note,
     progress_line,
-    reason,
+    run_passes,
 )
 from loadtests.run_targets import run_with_retries as run_attempts
 
@@ -181,18 +179,18 @@ async def main(args: argparse.Namespace) -> int:
             attempts: list[list[float]] = []
             for rate in rates:
                 requests = build_sequence(replace(spec, rate=rate), random.Random(args.seed))
-                for repeat, target in passes(targets, args.repeats):
-                    if target.label in skipped:
-                        continue
-                    try:
-                        run, lags = await run_with_retries(
-                            client, target, pool, corpus, requests, rate, cache, args
-                        )
-                    except (PeerUnavailable, RouterStartError) as exc:
-                        print(f"\nskipping {target.label}: {exc}", file=sys.stderr)
-                        skipped[target.label] = reason(exc)
-                        continue
-                    runs.append((rate, as_repeat(run, repeat)))
+                run_one = partial(
+                    run_with_retries,
+                    client,
+                    pool=pool,
+                    corpus=corpus,
+                    requests=requests,
+                    rate=rate,
+                    cache=cache,
+                    args=args,
+                )
+                for run, lags in await run_passes(targets, args.repeats, skipped, run_one):
+                    runs.append((rate, run))
                     attempts.append(lags)
     setup = describe(args, spec, corpus, working_set, cache, rates, capacity)
     setup["wall time"] = f"{time.monotonic() - started:.0f} s (sizing, replica start-up, calibration, runs)"

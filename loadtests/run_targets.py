@@ -15,7 +15,8 @@ from typing import TypeVar
 
 from burstsched.workloads.open_loop import Progress, ProgressSink, R
 from burstsched.workloads.router_fleet import burstsched_fleet_target
-from burstsched.workloads.run_summary import RunSummary, TargetRun
+from burstsched.workloads.router_process import RouterStartError
+from burstsched.workloads.run_summary import RunSummary, TargetRun, as_repeat
 from burstsched.workloads.targets import ClientRandomTarget, Target, TargetSpec, burstsched_target
 from loadtests.peers import PEERS, PeerUnavailable, PeerVenvError, ensure_venv, peer_target, venv_ready
 
@@ -55,6 +56,30 @@ def passes(targets: Sequence[T], repeats: int) -> list[tuple[int, T]]:
         ordered = targets if repeat % 2 else list(reversed(targets))
         order.extend((repeat, target) for target in ordered)
     return order
+
+
+RunOne = Callable[[Target], Awaitable[tuple[TargetRun[R], list[float]]]]
+"""Runs one target at the rate at hand: its run, with every attempt's send lag p99."""
+
+
+async def run_passes(
+    targets: Sequence[Target], repeats: int, skipped: dict[str, str], run_one: RunOne[R]
+) -> list[tuple[TargetRun[R], list[float]]]:
+    """Every target's runs at one rate, in :func:`passes` order, each marked with its pass. A target that
+    cannot run (a peer not installed, a router that does not start) goes into ``skipped`` with its reason
+    and is passed over from then on, at this rate and the next."""
+    out: list[tuple[TargetRun[R], list[float]]] = []
+    for repeat, target in passes(targets, repeats):
+        if target.label in skipped:
+            continue
+        try:
+            run, lags = await run_one(target)
+        except (PeerUnavailable, RouterStartError) as exc:
+            print(f"\nskipping {target.label}: {exc}", file=sys.stderr)
+            skipped[target.label] = reason(exc)
+            continue
+        out.append((as_repeat(run, repeat), lags))
+    return out
 
 
 def passes_note(repeats: int) -> str:

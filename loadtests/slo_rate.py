@@ -23,7 +23,8 @@ import argparse
 import math
 from collections.abc import Sequence
 
-from burstsched.workloads.report_page import aligned_table, num, text_table
+from burstsched.workloads.report_page import num
+from burstsched.workloads.report_page import table as render
 from burstsched.workloads.slo_rate import grid, limits, lower_bound_ratio, points
 from loadtests.ttft_predictions import load
 
@@ -57,9 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not every:
         print("no run in these reports", file=sys.stderr)
         return 1
-    table = aligned_table if args.markdown else text_table
     header, rows = grid(every, args.objective_ms)
-    print(table(header, rows))
+    print(render(header, rows, markdown=args.markdown))
     found = limits(every, args.objective_ms, args.rule)
     mine = found.get(args.target)
     summary = []
@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print()
     ratio_column = f"{args.target} sustained / its first miss"
-    print(table(("target", "points", "sustained r/s", "first miss r/s", ratio_column), summary))
+    columns = ("target", "points", "sustained r/s", "first miss r/s", ratio_column)
+    print(render(columns, summary, markdown=args.markdown))
     return 0
 
 

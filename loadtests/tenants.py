@@ -47,6 +47,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import anyio
@@ -55,8 +56,7 @@ import httpx
 from burstsched.workloads.capacity import Capacity, measure_cold_capacity
 from burstsched.workloads.contexts import context_text
 from burstsched.workloads.replica_state import CacheConfig, read_cache_config
-from burstsched.workloads.router_process import RouterStartError
-from burstsched.workloads.run_summary import TargetRun, as_repeat
+from burstsched.workloads.run_summary import TargetRun
 from burstsched.workloads.targets import Target, parse_targets
 from burstsched.workloads.tenants import (
     ChatTurn,
@@ -68,7 +68,6 @@ from burstsched.workloads.tenants import (
 )
 from burstsched.workloads.tenants_report import markdown_table, report_markdown
 from burstsched.workloads.tenants_run import TurnRecord, run_target
-from loadtests.peers import PeerUnavailable
 from loadtests.replica_pool import (
     VLLM_BLOCK_SIZE,
     Pool,
@@ -85,10 +84,9 @@ from loadtests.run_report import write_run_report
 from loadtests.run_targets import (
     add_run_arguments,
     build_targets,
-    passes,
     passes_note,
     progress_line,
-    reason,
+    run_passes,
     run_with_retries,
 )
 
@@ -215,18 +213,19 @@ async def main(args: argparse.Namespace) -> int:
             for rate in rates:
                 requests = build_sequence(spec_of(args, rate), random.Random(args.seed))
                 sequences[rate] = requests
-                for repeat, target in passes(targets, args.repeats):
-                    if target.label in skipped:
-                        continue
-                    try:
-                        run, lags = await run_one(
-                            client, target, pool, tenants, requests, prompts, rate, cache, args
-                        )
-                    except (PeerUnavailable, RouterStartError) as exc:
-                        print(f"\nskipping {target.label}: {exc}", file=sys.stderr)
-                        skipped[target.label] = reason(exc)
-                        continue
-                    runs.append((rate, as_repeat(run, repeat)))
+                run_at_rate = partial(
+                    run_one,
+                    client,
+                    pool=pool,
+                    tenants=tenants,
+                    requests=requests,
+                    prompts=prompts,
+                    rate=rate,
+                    cache=cache,
+                    args=args,
+                )
+                for run, lags in await run_passes(targets, args.repeats, skipped, run_at_rate):
+                    runs.append((rate, run))
                     attempts.append(lags)
     setup = describe(args, tenants, sequences, prompts, working_set, cache, capacity)
     setup["wall time"] = f"{time.monotonic() - started:.0f} s (sizing, replica start-up, calibration, runs)"

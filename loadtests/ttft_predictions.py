@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from burstsched.workloads.report_page import aligned_table, text_table
+from burstsched.workloads.report_page import table as render
 from burstsched.workloads.stats import mostly_cold
 
 HEADER = "x-burstsched-predicted-ttft-ms"
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not table:
         print("no request carried x-burstsched-predicted-ttft-ms", file=sys.stderr)
         return 1
-    print(aligned_table(COLUMNS, table) if args.markdown else text_table(COLUMNS, table))
+    print(render(COLUMNS, table, markdown=args.markdown))
     return 0
 
 

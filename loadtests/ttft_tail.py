@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from burstsched.workloads.report_page import aligned_table, text_table
+from burstsched.workloads.report_page import table as render
 from burstsched.workloads.stats import mostly_cold, percentile
 from loadtests.ttft_predictions import load
 
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not table:
         print("no run's requests name their replica", file=sys.stderr)
         return 1
-    print(aligned_table(COLUMNS, table) if args.markdown else text_table(COLUMNS, table))
+    print(render(COLUMNS, table, markdown=args.markdown))
     return 0
 
 

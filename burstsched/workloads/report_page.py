@@ -37,6 +37,11 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)) for row in lines_of)
 
 
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool) -> str:
+    """``rows`` under ``header``: a markdown table (:func:`aligned_table`) or text for a terminal."""
+    return aligned_table(header, rows) if markdown else text_table(header, rows)
+
+
 def report_page(
     title: str,
     command: str,

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 import pytest
 
 from burstsched.workloads.docqa_report import markdown_table
 from burstsched.workloads.open_loop import RequestRecord
 from burstsched.workloads.run_summary import RunSummary, TargetRun, as_repeat
+from burstsched.workloads.targets import ClientRandomTarget, Target, burstsched_target
 from burstsched.workloads.tenants_report import markdown_table as tenants_table
-from loadtests.run_targets import add_run_arguments, passes
+from loadtests.peers import PeerUnavailable
+from loadtests.run_targets import add_run_arguments, passes, run_passes
 
 
 def test_every_other_pass_runs_the_targets_in_reverse_order() -> None:
@@ -47,3 +50,25 @@ def test_a_later_pass_keeps_its_target_and_is_labelled_in_the_tables() -> None:
     for table in (markdown_table, tenants_table):
         rows = table([run.summary, second.summary]).splitlines()[2:]
         assert [r.split("|")[1].strip() for r in rows] == ["burstsched:cost", "burstsched:cost #2"]
+
+
+@pytest.mark.anyio
+async def test_a_target_that_cannot_run_is_skipped_with_its_reason_and_not_tried_again() -> None:
+    router, client_side = burstsched_target(Path("config/cost.yaml")), ClientRandomTarget(0)
+    tried: list[str] = []
+
+    async def run_one(target: Target) -> tuple[TargetRun[RequestRecord], list[float]]:
+        tried.append(target.label)
+        if target.label == "random":
+            raise PeerUnavailable("not installed here")
+        return TargetRun(_summary(target.label), [], {}), [1.0]
+
+    skipped: dict[str, str] = {}
+    done = await run_passes([router, client_side], 3, skipped, run_one)
+    assert tried == ["burstsched:cost", "random", "burstsched:cost", "burstsched:cost"]
+    assert skipped == {"random": "not installed here"}
+    assert [(run.summary.row_label, lags) for run, lags in done] == [
+        ("burstsched:cost", [1.0]),
+        ("burstsched:cost #2", [1.0]),
+        ("burstsched:cost #3", [1.0]),
+    ]
