@@ -32,6 +32,15 @@ last term charges the prefill a choice adds to the pool (which later requests wa
 The score is ``min_cost / cost_e``: 1.0 for the cheapest endpoint (and for any within ``tie_tolerance`` of
 it), lower for the others, so with this scorer alone (weight 1) the max-score picker takes the cheapest and
 breaks ties by its rule (distinct cold prefixes on an idle pool cost about the same everywhere and spread).
+
+``stay_margin`` adds hysteresis for locality. The endpoints that would compute the fewest of the prompt's
+tokens (the "home": those holding the longest prefix, when some other endpoint holds less) keep the request
+while their cost is within ``stay_margin`` (plus ``tie_tolerance``) of the cheapest: they score 1.0 and every
+other endpoint scores ``min_cost / cost_e / (1 + stay_margin + tie_tolerance)``, below 1 and in order of cost.
+Past the margin the scores are as above. Without it (0), a warm endpoint within ``tie_tolerance`` of a cold
+one only ties with it, and the picker's tie-break sends the request cold about every other time; and the
+estimate moves a request off its cached replica as soon as the queue ahead looks dearer than the prefill
+it saves, though that queue is an estimate whose error grows with the load.
 """
 
 from __future__ import annotations
@@ -88,6 +97,14 @@ class CostParameters(PluginParameters):
         description="Weight of the prefill work a choice adds to the pool (delaying later requests), "
         "relative to this request's own time to first token.",
     )
+    stay_margin: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hysteresis for locality: the endpoints that would compute the fewest prompt tokens of "
+        "this request (those holding the longest prefix of it, when others hold less) keep it unless another "
+        "is cheaper by more than this share of its cost, and they win the ties. 0: the cheapest wins and "
+        "ties spread regardless of what each holds.",
+    )
     learned: bool = Field(
         default=False,
         description="Once every candidate's time to first token has been fitted on the streams the router "
@@ -117,6 +134,12 @@ class CostScorer:
         self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot], state: CycleState
     ) -> dict[str, float]:
         """The estimated cost of each endpoint, in seconds."""
+        return {name: cost for name, (cost, _) in self._priced(request, endpoints, state).items()}
+
+    def _priced(
+        self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot], state: CycleState
+    ) -> dict[str, tuple[float, int]]:
+        """Each endpoint's estimated cost in seconds, and the prompt tokens it would compute."""
         p = self._p
         tail = (request.group_size - 1) * p.group_tail_tokens
         known = [e.prefill_tokens_per_s for e in endpoints if e.prefill_tokens_per_s]
@@ -124,7 +147,7 @@ class CostScorer:
         # one pricing for all: fits are used only when every candidate has one, since a fit and the
         # parameters disagree on the same replica by tens of percent, and mixing them would steer by that
         learned = p.learned and all(e.ttft is not None for e in endpoints)
-        out: dict[str, float] = {}
+        out: dict[str, tuple[float, int]] = {}
         for e in endpoints:
             own = uncached_tokens(request, state.get(e.name, PrefixMatch)) + tail
             others = 0 if e.stale else max(0, e.waiting - e.in_flight)
@@ -132,24 +155,47 @@ class CostScorer:
             fit = e.ttft if learned else None
             if fit is not None:
                 per_token = fit.per_token(e.in_flight)
-                out[e.name] = fit.base_s + (queue + own) * per_token + p.work_weight * own * per_token
+                out[e.name] = (fit.base_s + (queue + own) * per_token + p.work_weight * own * per_token, own)
                 continue
             rate = e.prefill_tokens_per_s or mean_rate
             if abs(rate / mean_rate - 1.0) <= p.speed_tolerance:
                 rate = mean_rate  # alike replicas are alike: noise in the learned speeds must not steer
             slowdown = 1.0 + p.decode_slowdown * (0 if e.stale else e.running)
             ttft = p.overhead_s + (queue + own) / rate * slowdown
-            out[e.name] = ttft + p.work_weight * own / rate
+            out[e.name] = (ttft + p.work_weight * own / rate, own)
         return out
 
     def score(
         self, request: SchedRequest, endpoints: Sequence[EndpointSnapshot], state: CycleState
     ) -> Mapping[str, float]:
-        costs = self.costs(request, endpoints, state)
-        if not costs:
+        priced = self._priced(request, endpoints, state)
+        if not priced:
             return {}
+        costs = {name: cost for name, (cost, _) in priced.items()}
         best = min(costs.values())
         if best <= 0.0:
             return {name: 1.0 if cost <= 0.0 else 0.0 for name, cost in costs.items()}
+        home = self._home(priced, best)
+        if home:
+            # the endpoints holding the most of the prompt keep it: 1.0 for them, the rest below any of them
+            # and ordered by cost (the failover order), since none is cheaper by more than the margin
+            home_best = min(costs[name] for name in home)
+            below = 1.0 / (1.0 + self._p.stay_margin + self._p.tie_tolerance)
+            near_home = home_best * (1.0 + self._p.tie_tolerance)
+            return {
+                name: 1.0 if name in home and cost <= near_home else best / cost * below
+                for name, cost in costs.items()
+            }
         near = best * (1.0 + self._p.tie_tolerance)
         return {name: 1.0 if cost <= near else best / cost for name, cost in costs.items()}
+
+    def _home(self, priced: Mapping[str, tuple[float, int]], best: float) -> set[str]:
+        """The endpoints computing the fewest prompt tokens, when others would compute more and none is
+        cheaper than them by more than ``stay_margin`` (and ``tie_tolerance``); else none."""
+        if self._p.stay_margin <= 0.0:
+            return set()
+        fewest = min(own for _, own in priced.values())
+        if all(own == fewest for _, own in priced.values()):
+            return set()  # nobody holds more of it than the others: nothing to keep
+        limit = best * (1.0 + self._p.stay_margin + self._p.tie_tolerance)
+        return {name for name, (cost, own) in priced.items() if own == fewest and cost <= limit}

@@ -111,3 +111,68 @@ def test_other_clients_waiting_requests_and_this_windows_pending_load_count() ->
     assert costs == {"a": pytest.approx(1.0), "b": pytest.approx(3.0), "c": pytest.approx(2.0)}
     stale = [_ep("b", waiting=3, in_flight=1, stale=True, prefill_tokens_per_s=1000.0)]
     assert scorer.costs(_request(1000), stale, state)["b"] == pytest.approx(1.0)  # stale figures ignored
+
+
+def _warm_and_cold(warm_queued: int) -> tuple[list[EndpointSnapshot], CycleState]:
+    """warm holds 3840 of a 4000-token prompt: idle it costs 0.16 s, cold 4 s (1000 tokens/s, no overhead)."""
+    endpoints = [
+        _ep("warm", queued_prefill_tokens=warm_queued, prefill_tokens_per_s=1000.0),
+        _ep("cold", prefill_tokens_per_s=1000.0),
+    ]
+    return endpoints, _state(warm=60, cold=0)
+
+
+def _hysteresis(stay_margin: float, tie_tolerance: float = 0.0) -> CostScorer:
+    return _scorer(
+        work_weight=0.0,
+        overhead_s=0.0,
+        decode_slowdown=0.0,
+        tie_tolerance=tie_tolerance,
+        stay_margin=stay_margin,
+    )
+
+
+def test_the_stay_margin_keeps_a_request_on_its_warm_endpoint_until_another_is_that_much_cheaper() -> None:
+    scorer = _hysteresis(stay_margin=0.5)
+    # 5000 queued on warm: 5.16 s there against 4 s cold, cold cheaper by 29%: within the margin, it stays
+    endpoints, state = _warm_and_cold(5000)
+    scores = scorer.score(_request(4000), endpoints, state)
+    assert scores["warm"] == 1.0 and scores["cold"] < 1.0
+    # 6500 queued: 6.66 s against 4 s, cheaper by 66%: it moves, by cost as without the margin
+    endpoints, state = _warm_and_cold(6500)
+    scores = scorer.score(_request(4000), endpoints, state)
+    assert scores == {"cold": 1.0, "warm": pytest.approx(4.0 / 6.66)}
+    # without a margin the 5000 case moves
+    endpoints, state = _warm_and_cold(5000)
+    assert _hysteresis(stay_margin=0.0).score(_request(4000), endpoints, state)["cold"] == 1.0
+
+
+def test_with_a_stay_margin_a_warm_endpoint_wins_a_tie_the_cold_one_would_share() -> None:
+    # 3900 queued on warm: 4.06 s against 4 s, within the 10% tie tolerance
+    endpoints, state = _warm_and_cold(3900)
+    plain = _hysteresis(stay_margin=0.0, tie_tolerance=0.1).score(_request(4000), endpoints, state)
+    assert plain == {"warm": 1.0, "cold": 1.0}  # the picker's tie-break could send it cold
+    kept = _hysteresis(stay_margin=0.2, tie_tolerance=0.1).score(_request(4000), endpoints, state)
+    assert kept["warm"] == 1.0 and kept["cold"] < 1.0
+
+
+def test_the_others_rank_below_the_kept_endpoint_in_order_of_cost() -> None:
+    scorer = _hysteresis(stay_margin=1.0)
+    state = _state(warm=60, near=0, far=0, nearest=20)
+    endpoints = [
+        _ep("warm", queued_prefill_tokens=5000, prefill_tokens_per_s=1000.0),  # 5.16 s
+        _ep("near", prefill_tokens_per_s=1000.0),  # 4 s
+        _ep("far", queued_prefill_tokens=2000, prefill_tokens_per_s=1000.0),  # 6 s
+        _ep("nearest", prefill_tokens_per_s=1000.0),  # holds 1280 tokens: 2.72 s
+    ]
+    scores = scorer.score(_request(4000), endpoints, state)
+    assert scores["warm"] == 1.0 > scores["nearest"] > scores["near"] > scores["far"]
+
+
+def test_a_prefix_nobody_holds_more_of_spreads_as_without_the_margin() -> None:
+    scorer = _scorer(tie_tolerance=0.1, stay_margin=1.0)
+    state = _state(a=0, b=0)
+    endpoints = [_ep("a", prefill_tokens_per_s=1000.0), _ep("b", prefill_tokens_per_s=1080.0)]
+    assert scorer.score(_request(), endpoints, state) == {"a": 1.0, "b": 1.0}
+    both = _state(a=60, b=60)
+    assert scorer.score(_request(), endpoints, both) == {"a": 1.0, "b": 1.0}
