@@ -101,9 +101,9 @@ class CostParameters(PluginParameters):
         default=0.0,
         ge=0,
         description="Hysteresis for locality: the endpoints that would compute the fewest prompt tokens of "
-        "this request (those holding the longest prefix of it, when others hold less) keep it unless another "
-        "is cheaper by more than this share of its cost, and they win the ties. 0: the cheapest wins and "
-        "ties spread regardless of what each holds.",
+        "this request (those holding the longest prefix of it, when others hold less) keep it unless their "
+        "cost exceeds the cheapest one's by more than this share of it, and they win the ties. 0: the "
+        "cheapest wins and ties spread regardless of what each holds.",
     )
     learned: bool = Field(
         default=False,
@@ -178,7 +178,7 @@ class CostScorer:
         home = self._home(priced, best)
         if home:
             # the endpoints holding the most of the prompt keep it: 1.0 for them, the rest below any of them
-            # and ordered by cost (the failover order), since none is cheaper by more than the margin
+            # and ordered by cost (the failover order), since none is cheaper past the margin
             home_best = min(costs[name] for name in home)
             below = 1.0 / (1.0 + self._p.stay_margin + self._p.tie_tolerance)
             near_home = home_best * (1.0 + self._p.tie_tolerance)

@@ -134,11 +134,11 @@ def _hysteresis(stay_margin: float, tie_tolerance: float = 0.0) -> CostScorer:
 
 def test_the_stay_margin_keeps_a_request_on_its_warm_endpoint_until_another_is_that_much_cheaper() -> None:
     scorer = _hysteresis(stay_margin=0.5)
-    # 5000 queued on warm: 5.16 s there against 4 s cold, cold cheaper by 29%: within the margin, it stays
+    # 5000 queued on warm: 5.16 s there against 4 s cold, warm dearer by 29%: within the margin, it stays
     endpoints, state = _warm_and_cold(5000)
     scores = scorer.score(_request(4000), endpoints, state)
     assert scores["warm"] == 1.0 and scores["cold"] < 1.0
-    # 6500 queued: 6.66 s against 4 s, cheaper by 66%: it moves, by cost as without the margin
+    # 6500 queued: 6.66 s against 4 s, dearer by 66%: it moves, by cost as without the margin
     endpoints, state = _warm_and_cold(6500)
     scores = scorer.score(_request(4000), endpoints, state)
     assert scores == {"cold": 1.0, "warm": pytest.approx(4.0 / 6.66)}
