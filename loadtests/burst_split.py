@@ -46,6 +46,7 @@ from burstsched.workloads.report_page import table as render
 from burstsched.workloads.router_process import router_process
 from burstsched.workloads.stats import percentile
 from burstsched.workloads.stream_client import StreamResult, stream_chat
+from burstsched.workloads.tenants_run import chat_request
 from loadtests.replica_pool import add_pool_arguments, open_pool
 
 SYLLABLES = [
@@ -93,22 +94,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def body(model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-
-
-def cached_of(result: StreamResult) -> int | None:
-    details = (result.usage or {}).get("prompt_tokens_details") or {}
-    value = details.get("cached_tokens")
-    return int(value) if value is not None else None
+def system_and(system: str, user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def prompt_of(result: StreamResult) -> int | None:
@@ -143,9 +130,8 @@ class Trials:
 
     async def send(self, url: str, system: str, user: str, max_tokens: int) -> StreamResult:
         self._next_id += 1
-        result = await stream_chat(
-            self.client, url, body(self.model, system, user, max_tokens), f"split-{self._next_id}"
-        )
+        request = chat_request(self.model, system_and(system, user), max_tokens)
+        result = await stream_chat(self.client, url, request, f"split-{self._next_id}")
         if result.status != 200 or result.ttft_s is None:
             raise RuntimeError(f"request to {url} failed: {result.status} {result.error}")
         return result
@@ -162,7 +148,7 @@ class Trials:
                     result.ttft_s * 1000,
                     result.e2e_s * 1000,
                     prompt_of(result),
-                    cached_of(result),
+                    result.cached_tokens,
                 )
             )
 
