@@ -224,6 +224,7 @@ async def run_with_retries(
             partition=(args.replicas, cache.num_gpu_blocks - 1),  # vLLM keeps one block back
             drain_timeout_s=args.drain_timeout,
             progress=progress_line(target.label, rate),
+            received=pool.received,
         )
 
     return await run_attempts(attempt, lambda s: markdown_table([s]).splitlines()[-1], target.label, args)

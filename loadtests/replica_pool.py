@@ -13,13 +13,19 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from burstsched.workloads.docqa import Tokenize
+from burstsched.workloads.placement import Received
 from burstsched.workloads.pools import event_args
 from burstsched.workloads.targets import Endpoints
+
+if TYPE_CHECKING:
+    from burstsched.sim import SimPool
 
 VLLM_BLOCK_SIZE = 128
 Messages = Sequence[Mapping[str, str]]
@@ -59,6 +65,8 @@ class Pool:
     model: str
     router_args: tuple[str, ...] = ()
     """burstsched's extra command line: the replicas' KV-event addresses and the tokenizer (precise mode)."""
+    received: Received | None = None
+    """The request ids each replica received so far (the simulator records them; real vLLM does not)."""
 
 
 def tokenizer_dir(backend: str) -> Path | None:
@@ -94,12 +102,13 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
             kv_events_endpoint="tcp://127.0.0.1:*",
             kv_events_replay_endpoint="tcp://127.0.0.1:*",
         )
-        async with SimPool(args.replicas, config) as pool:
+        async with SimPool(args.replicas, config, record_requests=True) as pool:
             router_args = event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
             yield Pool(
                 list(zip(pool.names, pool.urls, strict=True)),
                 config.served_model_name,
                 (*router_args, "--tokenizer", "remote"),
+                received=partial(received_ids, pool),
             )
         return
     from burstsched.testing import VllmConfig, ensure_model, real_vllm_pool
@@ -110,6 +119,7 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
         prompt_tokens_details=True,
         kv_events=True,
         cpu_quota_cores=args.replica_cpu_quota,
+        record_request_ids=True,
     )
     async with real_vllm_pool(args.replicas, vllm) as pool:
         router_args = event_args(
@@ -117,7 +127,25 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
             [r.kv_events_endpoint for r in pool.replicas],
             [r.kv_replay_endpoint for r in pool.replicas],
         )
-        yield Pool(pool.endpoints, pool.model, (*router_args, "--tokenizer", str(ensure_model())))
+        paths = [r.request_ids_path for r in pool.replicas]
+        yield Pool(
+            pool.endpoints,
+            pool.model,
+            (*router_args, "--tokenizer", str(ensure_model())),
+            received=partial(read_replica_ids, [p for p in paths if p is not None]),
+        )
+
+
+def received_ids(pool: SimPool) -> list[list[str]]:
+    """The ``X-Request-Id`` of every inference request each simulated replica received, in order."""
+    return [[r.headers.get("x-request-id", "") for r in pool.requests(i)] for i in range(len(pool.names))]
+
+
+def read_replica_ids(paths: Sequence[Path]) -> list[list[str]]:
+    """The ids each real replica's request-id file holds (``VllmConfig.record_request_ids``)."""
+    from burstsched.testing.replica_hooks.burstsched_request_ids import read_ids
+
+    return [read_ids(path) for path in paths]
 
 
 def kv_blocks_for(args: argparse.Namespace, working_set_blocks: int, max_model_len: int, block: int) -> int:

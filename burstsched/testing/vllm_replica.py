@@ -22,6 +22,7 @@ import httpx
 
 from burstsched.testing.cpu_quota import CpuQuota
 from burstsched.testing.ports import free_ports
+from burstsched.testing.replica_hooks import burstsched_request_ids as request_ids
 from burstsched.testing.tiny_model import ensure_model
 from burstsched.testing.vllm_env import venv_python, venv_ready
 
@@ -56,6 +57,10 @@ class VllmConfig:
     cpu_quota_cores: float | None = None
     """Cap each replica (all its processes) at this many CPUs through a cgroup (see
     :mod:`burstsched.testing.cpu_quota`); None leaves them uncapped."""
+    record_request_ids: bool = False
+    """Each replica writes the ``X-Request-Id`` of every inference request it receives to a file beside its
+    log (``VllmReplica.request_ids_path``), through vLLM's ``--middleware``
+    (:mod:`burstsched.testing.replica_hooks.burstsched_request_ids`)."""
 
 
 @dataclass
@@ -70,6 +75,8 @@ class VllmReplica:
     kv_topic: str = ""
     stopped: bool = field(default=False)
     kv_replay_port: int | None = None
+    request_ids_path: Path | None = None
+    """Where it writes the id of each inference request it receives (``VllmConfig.record_request_ids``)."""
 
     @property
     def url(self) -> str:
@@ -155,7 +162,22 @@ def server_args(
         args += ["--num-gpu-blocks-override", str(config.num_gpu_blocks_override)]
     if config.otlp_traces_endpoint is not None:
         args += ["--otlp-traces-endpoint", config.otlp_traces_endpoint]
+    if config.record_request_ids:
+        module = request_ids.__name__.rsplit(".", 1)[-1]  # top-level there: its folder is on PYTHONPATH
+        args += ["--middleware", f"{module}.{request_ids.RecordRequestIds.__name__}"]
     return args + list(config.extra_args)
+
+
+def request_ids_env(env: dict[str, str], path: Path) -> dict[str, str]:
+    """``env`` with the request-id middleware importable (its folder first on ``PYTHONPATH``) and writing
+    to ``path``."""
+    hooks = str(Path(request_ids.__file__).resolve().parent)
+    search = env.get("PYTHONPATH")
+    return {
+        **env,
+        "PYTHONPATH": hooks if not search else f"{hooks}{os.pathsep}{search}",
+        request_ids.VARIABLE: str(path),
+    }
 
 
 def stop_process(process: subprocess.Popen[Any], timeout_s: float = STOP_TIMEOUT_S) -> None:
@@ -343,16 +365,23 @@ class VllmPool:
         replay_port = ports[2 * self.n + i] if self.config.kv_events else None
         topic = f"kv@127.0.0.1:{port}@{self.config.served_model_name}" if kv_port is not None else ""
         log_path = self._log_dir / f"replica-{i}-{port}.log"
+        env = server_env(self.cores[i])
+        ids_path = None
+        if self.config.record_request_ids:
+            ids_path = self._log_dir / f"replica-{i}-{port}.ids"
+            env = request_ids_env(env, ids_path)
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [str(venv_python()), *server_args(self.config, model, port, kv_port, topic, replay_port)],
-                env=server_env(self.cores[i]),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return VllmReplica(i, port, process, log_path, kv_port, topic, kv_replay_port=replay_port)
+        return VllmReplica(
+            i, port, process, log_path, kv_port, topic, kv_replay_port=replay_port, request_ids_path=ids_path
+        )
 
     def restart(self, i: int, *, kill: bool = True) -> VllmReplica:
         """Stop replica ``i`` (SIGKILL to its process group with ``kill``, else a clean stop) and start a new

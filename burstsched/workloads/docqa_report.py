@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ COLUMNS = (
     "out tok/s",
     "prefill tok/req",
     "requests per replica",
+    "cold: moved / in place",
     "send lag p99 ms",
     "router CPU ms/req",
 )
@@ -51,9 +53,18 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         _num(s.output_tokens_per_s, 1),
         _num(s.prefill_tokens_mean),
         f"{spread} ({s.replica_source})",
+        cold_shares(s),
         _num(s.send_lag_p99_ms, 1),
         _num(s.router_cpu_ms, 2),
     )
+
+
+def cold_shares(s: RunSummary) -> str:
+    """The shares of requests served mostly cold on another replica than their document's previous
+    request, and on the same one; ``-`` where some request's replica is unknown."""
+    if math.isnan(s.cold_moved_share):
+        return "-"
+    return f"{_pct(s.cold_moved_share)} / {_pct(s.cold_in_place_share)}"
 
 
 def markdown_table(summaries: Sequence[RunSummary]) -> str:
@@ -77,7 +88,11 @@ NOTES = (
     "of this run's requests that computed more than half their prompt (their usage); "
     "prefill tok/req: Δ`vllm:request_prefill_kv_computed_tokens_sum` / "
     "completed requests; requests per replica from the `x-burstsched-endpoint` header (header), the "
-    "client's own choice (client) or Δ`vllm:request_success_total` (counters); send lag: how late the "
+    "client's own choice (client), the request ids each replica received (replicas: the simulator records "
+    "them) or Δ`vllm:request_success_total` (counters); cold: moved / in place: the shares of the completed "
+    "requests that computed more than half their prompt on another replica than their document's previous "
+    "request of the run went to, and on the same one (it had been evicted there); - where some request's "
+    "replica is unknown; send lag: how late the "
     "load generator sent a request after its scheduled arrival (large values mean the client, not the "
     "pool, was the bottleneck); router CPU: user + system time of the target's router processes over the "
     "run (from `/proc`, their idle work included) per completed request, none for client-side routing."

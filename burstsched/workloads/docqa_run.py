@@ -25,6 +25,13 @@ from burstsched.workloads.docqa import (
 )
 from burstsched.workloads.open_loop import Clock, Progress, ProgressSink, measured_run, run_open_loop
 from burstsched.workloads.open_loop import RequestRecord as BaseRecord
+from burstsched.workloads.placement import (
+    Received,
+    attach_replicas,
+    by_document,
+    cold_placements,
+    received_counts,
+)
 from burstsched.workloads.replica_metrics import ReplicaCounters
 from burstsched.workloads.replica_state import (
     CacheConfig,
@@ -123,6 +130,8 @@ def summarize(
     summary = summarize_run(
         target, rate, records, deltas, ideal_hit_rate(documents, corpus.shared_tokens, prompts, block_size)
     )
+    placements = cold_placements(records, by_document)
+    summary = replace(summary, cold_moved_share=placements.moved, cold_in_place_share=placements.in_place)
     if partition is None or sum(prompts) == 0:
         return summary
     replicas, capacity_blocks = partition
@@ -170,10 +179,14 @@ async def run_target(
     drain_timeout_s: float = 60.0,
     progress: ProgressSink | None = None,
     clock: Clock = time.perf_counter,
+    received: Received | None = None,
 ) -> TargetRun[RequestRecord]:
     """Reset the replicas' prefix caches, open the target, run the sequence through it, close it.
 
-    ``partition``: (replicas, KV blocks each), for the summary's LRU affinity."""
+    ``partition``: (replicas, KV blocks each), for the summary's LRU affinity. ``received``: the ids each
+    replica received (:mod:`burstsched.workloads.placement`), to name the replica of the requests whose
+    router does not."""
+    tag = f"docqa-{target.label}"
 
     async def run(route: Route) -> list[RequestRecord]:
         return await run_sequence(
@@ -183,13 +196,16 @@ async def run_target(
             requests,
             model,
             max_tokens=max_tokens,
-            tag=f"docqa-{target.label}",
+            tag=tag,
             drain_timeout_s=drain_timeout_s,
             clock=clock,
             progress=progress,
         )
 
+    before = received_counts(received) if received is not None else None
     records, deltas, router_cpu_s = await measured_run(client, target, endpoints, model, run)
+    if received is not None and before is not None:
+        attach_replicas(records, tag, [name for name, _ in endpoints], before, received())
     summary = with_router_cpu(
         summarize(target.label, rate, records, deltas, corpus, block_size, partition), router_cpu_s
     )

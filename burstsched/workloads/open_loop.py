@@ -49,6 +49,9 @@ class RequestRecord:
     """Sending to the first non-empty text; later than ``ttft_ms`` when the first tokens decode to none."""
     e2e_ms: float | None = None
     replica: str | None = None
+    replica_source: str | None = None
+    """Who named ``replica``: ``client`` (client-side routing), ``header`` (the router's
+    ``x-burstsched-endpoint``) or ``replicas`` (the request ids the replicas received)."""
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
@@ -80,6 +83,7 @@ class RequestRecord:
             "first_content_ms": self.first_content_ms,
             "e2e_ms": self.e2e_ms,
             "replica": self.replica,
+            "replica_source": self.replica_source,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
@@ -134,6 +138,8 @@ async def send_chat(
     record.e2e_ms = result.e2e_s * 1000
     record.headers = {k: v for k, v in result.headers.items() if k.lower().startswith(HEADER_PREFIX)}
     record.replica = dispatch.replica or record.headers.get(ENDPOINT_HEADER)
+    if record.replica is not None:
+        record.replica_source = "client" if dispatch.replica else "header"
     usage = result.usage or {}
     record.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
     record.completion_tokens = _int_or_none(usage.get("completion_tokens"))
@@ -146,6 +152,11 @@ async def send_chat(
 
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) else None
+
+
+def request_id(tag: str, index: int) -> str:
+    """The ``X-Request-Id`` :func:`run_open_loop` sends with the request at ``index`` of a run ``tag``."""
+    return f"{tag}-{index}"
 
 
 async def run_open_loop(
@@ -181,7 +192,8 @@ async def run_open_loop(
             record.sent_s = clock() - start
             dispatch = route(record.index)
             try:
-                await send_chat(client, dispatch, body_of(record), record, f"{tag}-{record.index}", clock)
+                rid = request_id(tag, record.index)
+                await send_chat(client, dispatch, body_of(record), record, rid, clock)
                 slot.finished = True
             finally:
                 slot.done.set()

@@ -61,6 +61,12 @@ class RunSummary:
     """TTFT p95 of the requests that arrived in a burst, where the workload has bursts."""
     other_ttft_p95_ms: float = math.nan
     """TTFT p95 of every other request, where the workload has bursts."""
+    cold_moved_share: float = math.nan
+    """Share of the completed requests served mostly cold on another replica than their document's (or
+    session's) previous request went to (:mod:`burstsched.workloads.placement`); nan where a request's
+    replica is unknown."""
+    cold_in_place_share: float = math.nan
+    """Share served mostly cold on the same replica as that previous request (it had been evicted there)."""
     router_cpu_ms: float = math.nan
     """CPU the target's routers spent per completed request over the run (user + system, from ``/proc``,
     their idle work included); nan for client-side routing."""
@@ -140,12 +146,14 @@ def per_replica_counts(
     records: Sequence[RequestRecord], deltas: Mapping[str, ReplicaCounters]
 ) -> tuple[dict[str, int], str]:
     """Completed requests per replica, and where that came from: the router's header, the client's own
-    choice, or the replicas' counters when neither names a replica."""
+    choice, the request ids the replicas received, or the replicas' counters when none names a replica."""
     named = [r.replica for r in records if r.ok]
     if named and all(name is not None for name in named):
         counts = Counter(name for name in named if name is not None)
-        source = "header" if any(ENDPOINT_HEADER in r.headers for r in records) else "client"
-        return {name: counts.get(name, 0) for name in sorted({*deltas, *counts})}, source
+        sources = {r.replica_source for r in records if r.ok and r.replica_source is not None}
+        if not sources:  # records built without a source (older JSON, tests)
+            sources = {"header" if any(ENDPOINT_HEADER in r.headers for r in records) else "client"}
+        return {name: counts.get(name, 0) for name in sorted({*deltas, *counts})}, "+".join(sorted(sources))
     return {name: round(d.requests_finished) for name, d in sorted(deltas.items())}, "counters"
 
 

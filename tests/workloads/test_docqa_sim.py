@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -15,6 +17,7 @@ from burstsched.sim import SimConfig, SimPool
 from burstsched.workloads.capacity import measure_cold_capacity
 from burstsched.workloads.docqa import DocQASpec, build_corpus, build_sequence, remeasure_corpus
 from burstsched.workloads.docqa_run import Progress, read_cache_config, reset_prefix_caches, run_target
+from burstsched.workloads.placement import Received, attach_replicas, received_counts
 from burstsched.workloads.targets import ClientRandomTarget, Endpoints, burstsched_target
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "default.yaml"
@@ -30,16 +33,20 @@ SPEC = DocQASpec(
 SIM = SimConfig(time_scale=0.02, num_gpu_blocks=2000)  # 32k tokens per replica: every document fits
 
 
+def _received(sims: SimPool) -> list[list[str]]:
+    return [[r.headers.get("x-request-id", "") for r in sims.requests(i)] for i in range(len(sims.names))]
+
+
 @pytest.fixture
-async def pool() -> AsyncIterator[tuple[Endpoints, str]]:
-    async with SimPool(2, SIM) as sims:
-        yield list(zip(sims.names, sims.urls, strict=True)), SIM.served_model_name
+async def pool() -> AsyncIterator[tuple[Endpoints, str, Received]]:
+    async with SimPool(2, SIM, record_requests=True) as sims:
+        yield list(zip(sims.names, sims.urls, strict=True)), SIM.served_model_name, partial(_received, sims)
 
 
 @pytest.mark.anyio
 @pytest.mark.timeout(90)
-async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str]) -> None:
-    endpoints, model = pool
+async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str, Received]) -> None:
+    endpoints, model, received = pool
     requests = build_sequence(SPEC, random.Random(SPEC.seed))
     assert len(requests) >= 20
     with anyio.fail_after(80):
@@ -57,7 +64,9 @@ async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str]) 
             assert (cache.block_size, cache.num_gpu_blocks) == (16, 2000)
             seen: list[Progress] = []
             runs = {}
+            by_replicas = {}
             for target in (burstsched_target(CONFIG), ClientRandomTarget(seed=1)):
+                before = received_counts(received)
                 runs[target.label] = await run_target(
                     client,
                     target,
@@ -70,7 +79,14 @@ async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str]) 
                     block_size=cache.block_size,
                     drain_timeout_s=20.0,
                     progress=seen.append,
+                    received=received,
                 )
+                # the replicas' own account of the run, as for a router whose answers name no replica
+                copies = [replace(r, replica=None, replica_source=None) for r in runs[target.label].records]
+                names = [name for name, _ in endpoints]
+                tag = f"docqa-{target.label}"
+                assert attach_replicas(copies, tag, names, before, received()) == len(copies)
+                by_replicas[target.label] = copies
             await reset_prefix_caches(client, [url for _, url in endpoints])
 
     assert seen and seen[-1].done == seen[-1].total == len(requests)
@@ -79,6 +95,10 @@ async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str]) 
         assert s.failures == 0 and s.completed == len(requests), (label, [r.error for r in run.records])
         assert [r.document for r in run.records] == [r.document for r in requests]
         assert sum(s.requests_per_replica.values()) == len(requests)
+        # every request reached the replica the router's header (or the client) named, and only that one
+        assert [r.replica for r in by_replicas[label]] == [r.replica for r in run.records]
+        assert all(r.replica_source == "replicas" for r in by_replicas[label])
+        assert 0 <= s.cold_moved_share + s.cold_in_place_share < 1  # known: every replica is named
         # the replicas' counters and the responses' usage tell the same story
         assert sum(r.prompt_tokens or 0 for r in run.records) == sum(
             d.prefix_queries for d in run.deltas.values()
@@ -102,8 +122,10 @@ async def test_docqa_through_burstsched_and_random(pool: tuple[Endpoints, str]) 
 
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
-async def test_cold_capacity_is_replicas_over_cold_service_time(pool: tuple[Endpoints, str]) -> None:
-    endpoints, model = pool
+async def test_cold_capacity_is_replicas_over_cold_service_time(
+    pool: tuple[Endpoints, str, Received],
+) -> None:
+    endpoints, model, _ = pool
     prompts = [f"Calibration document {i}. " + "A line of distinct observations. " * 300 for i in range(6)]
     with anyio.fail_after(50):
         async with httpx.AsyncClient(timeout=30.0) as client:
