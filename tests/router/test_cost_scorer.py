@@ -176,3 +176,71 @@ def test_a_prefix_nobody_holds_more_of_spreads_as_without_the_margin() -> None:
     assert scorer.score(_request(), endpoints, state) == {"a": 1.0, "b": 1.0}
     both = _state(a=60, b=60)
     assert scorer.score(_request(), endpoints, both) == {"a": 1.0, "b": 1.0}
+
+
+def _remembered(fills: dict[str, float] | None = None, **blocks: int) -> CycleState:
+    """Nobody holds any of the prompt by the index; the memory remembers ``blocks`` of it on each, and is
+    ``fills`` full (default: all half full)."""
+    state = CycleState()
+    for name, remembered in blocks.items():
+        fill = (fills or {}).get(name, 0.5)
+        state.put(name, PrefixMatch(0, 62, 64, remembered_blocks=remembered, remembered_fill=fill))
+    return state
+
+
+def test_a_prompt_evicted_everywhere_goes_back_where_the_memory_says_it_lived() -> None:
+    scorer = _hysteresis(stay_margin=1.0, tie_tolerance=0.1)
+    idle = [_ep("a", prefill_tokens_per_s=1000.0), _ep("b", prefill_tokens_per_s=1000.0)]
+    # without the memory both are alike and tie; with it, b (where 60 blocks of it were sent) keeps it
+    assert scorer.score(_request(4000), idle, _state(a=0, b=0)) == {"a": 1.0, "b": 1.0}
+    scores = scorer.score(_request(4000), idle, _remembered(a=0, b=60))
+    assert scores["b"] == 1.0 and scores["a"] < 1.0
+    # under the margin: b with 3000 queued costs 7 s against 4 s, within 2.1x: still b
+    busy = [idle[0], _ep("b", queued_prefill_tokens=3000, prefill_tokens_per_s=1000.0)]
+    scores = scorer.score(_request(4000), busy, _remembered(a=0, b=60))
+    assert scores["b"] == 1.0 and scores["a"] < 1.0
+    # past it: b with 9000 queued costs 13 s against 4 s, over 2.1x: the cheaper a takes it
+    busier = [idle[0], _ep("b", queued_prefill_tokens=9000, prefill_tokens_per_s=1000.0)]
+    scores = scorer.score(_request(4000), busier, _remembered(a=0, b=60))
+    assert scores["a"] == 1.0 and scores["b"] < 1.0
+
+
+def test_the_memory_decides_only_when_the_index_holds_the_same_everywhere() -> None:
+    scorer = _hysteresis(stay_margin=1.0, tie_tolerance=0.1)
+    idle = [_ep("a", prefill_tokens_per_s=1000.0), _ep("b", prefill_tokens_per_s=1000.0)]
+    # a holds 20 blocks by the index; b was sent all 60 once, past the index's bound: a keeps it
+    state = CycleState()
+    state.put("a", PrefixMatch(20, 62, 64, remembered_blocks=20, remembered_fill=0.9))
+    state.put("b", PrefixMatch(0, 62, 64, remembered_blocks=60, remembered_fill=0.1))
+    scores = scorer.score(_request(4000), idle, state)
+    assert scores["a"] == 1.0 and scores["b"] < 1.0
+    # remembered alike, or not known for every endpoint: no home, they tie
+    assert scorer.score(_request(4000), idle, _remembered(a=60, b=60)) == {"a": 1.0, "b": 1.0}
+    partial = CycleState()
+    partial.put("a", PrefixMatch(0, 62, 64))
+    partial.put("b", PrefixMatch(0, 62, 64, remembered_blocks=60, remembered_fill=0.5))
+    assert scorer.score(_request(4000), idle, partial) == {"a": 1.0, "b": 1.0}
+    # without a stay margin the memory is not read
+    plain = _hysteresis(stay_margin=0.0, tie_tolerance=0.1)
+    assert plain.score(_request(4000), idle, _remembered(a=0, b=60)) == {"a": 1.0, "b": 1.0}
+
+
+def test_a_new_prompt_goes_where_the_memory_is_least_full() -> None:
+    scorer = _hysteresis(stay_margin=1.0, tie_tolerance=0.1)
+    idle = [_ep("a", prefill_tokens_per_s=1000.0), _ep("b", prefill_tokens_per_s=1000.0)]
+    # remembered nowhere: b, whose memory holds fewer distinct blocks, takes it though a ties on cost
+    scores = scorer.score(_request(4000), idle, _remembered({"a": 0.8, "b": 0.3}, a=0, b=0))
+    assert scores["b"] == 1.0 and scores["a"] < 1.0
+    # even with more requests in flight there, under the margin (b: 7 s against 4 s)...
+    busy = [idle[0], _ep("b", queued_prefill_tokens=3000, prefill_tokens_per_s=1000.0)]
+    scores = scorer.score(_request(4000), busy, _remembered({"a": 0.8, "b": 0.3}, a=0, b=0))
+    assert scores["b"] == 1.0 and scores["a"] < 1.0
+    # ...but not past it (13 s against 4 s)
+    busier = [idle[0], _ep("b", queued_prefill_tokens=9000, prefill_tokens_per_s=1000.0)]
+    scores = scorer.score(_request(4000), busier, _remembered({"a": 0.8, "b": 0.3}, a=0, b=0))
+    assert scores["a"] == 1.0 and scores["b"] < 1.0
+    # memories alike: a tie, which the picker spreads
+    assert scorer.score(_request(4000), idle, _remembered(a=0, b=0)) == {"a": 1.0, "b": 1.0}
+    # where it is remembered beats how full the memories are
+    scores = scorer.score(_request(4000), idle, _remembered({"a": 0.8, "b": 0.3}, a=60, b=0))
+    assert scores["a"] == 1.0 and scores["b"] < 1.0
