@@ -15,13 +15,6 @@ class PrefixMatch:
     ``source`` names the index that knew it: ``approximate`` (estimated from past routing, blocks of
     pseudo-tokens) or ``precise`` (from the replica's KV-cache events, blocks of the engine's tokens).
     ``fill``: how full the index believes the endpoint's prefix cache is (0..1), None when it cannot tell.
-    ``remembered_blocks``: how many of the chain, contiguous from block 0, the router sent this endpoint
-    within its memory of past routing, which reaches past the index's bound (so at least
-    ``matched_blocks``): where a prefix lived after the index believes it evicted everywhere. None when the
-    producer keeps no such memory.
-    ``remembered_fill``: how full that memory is for this endpoint (0..1): its share of the distinct blocks
-    recently routed to it, relative to its bound. Among endpoints that hold and remember a prompt alike,
-    the least filled has the least cache pressure. None without a memory.
     """
 
     matched_blocks: int
@@ -29,8 +22,6 @@ class PrefixMatch:
     block_tokens: int
     source: str = "approximate"
     fill: float | None = None
-    remembered_blocks: int | None = None
-    remembered_fill: float | None = None
 
     @property
     def ratio(self) -> float:

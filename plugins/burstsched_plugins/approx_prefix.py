@@ -8,15 +8,6 @@ the endpoint reports one. A pseudo-token is not an engine token: once the pool h
 tokens a pseudo-token comes to on that endpoint (about 1.9 for chat text through vLLM), the capacity is
 divided by it. Without that the index believed a cache twice the real one on chat traffic, and sent a
 quarter of the requests of a document-QA trace from vLLM "warm" to a replica that had evicted them.
-
-With ``memory_factor`` > 0 the producer also keeps a memory of past routing ``memory_factor`` times larger
-than each endpoint's index (a second index, same LRU rule), and writes its match as
-``PrefixMatch.remembered_blocks``. When the index believes a prompt evicted everywhere, the memory still
-says where it was last sent: the ``cost-scorer``'s stay margin sends it back there, so a document that
-falls out of the caches is recomputed where it lived instead of moving to another replica and displacing
-what that one holds (sglang-router's tree, which forgets only at a size bound far above any cache, keeps
-the same affinity). It also writes how full each endpoint's memory is (``remembered_fill``): the
-distinct blocks recently routed there, the cache pressure that a new document would add to.
 """
 
 from __future__ import annotations
@@ -24,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from burstsched.framework import (
     CycleState,
@@ -44,23 +35,6 @@ class ApproxPrefixParameters(PluginParameters):
     default_capacity_blocks: int = Field(
         default=31250, ge=1, description="Index bound per endpoint, in blocks, until it reports its capacity."
     )
-    memory_factor: float = Field(
-        default=0.0,
-        ge=0.0,
-        description=(
-            "Remember past routing this many times each endpoint's index bound (a second LRU index), so a "
-            "prompt the index believes evicted everywhere still has a last home (PrefixMatch."
-            "remembered_blocks); 0: no memory, else at least 1."
-        ),
-    )
-
-    @field_validator("memory_factor")
-    @classmethod
-    def _memory_reaches_past_the_index(cls, value: float) -> float:
-        if 0.0 < value < 1.0:
-            raise ValueError("memory_factor must be 0 (no memory) or at least 1 (past the index's bound)")
-        return value
-
     engine_tokens: bool = Field(
         default=True,
         description=(
@@ -79,12 +53,6 @@ class ApproxPrefixProducer:
     def __init__(self, name: str, parameters: ApproxPrefixParameters, context: PluginContext) -> None:
         self._name = name
         self.index = PrefixIndex(parameters.default_capacity_blocks)
-        self._memory_factor = parameters.memory_factor
-        self.memory = (
-            PrefixIndex(self._memory_blocks(parameters.default_capacity_blocks))
-            if parameters.memory_factor > 0
-            else None
-        )
         self._capacities: dict[str, int] = {}
         self._engine_tokens = parameters.engine_tokens
 
@@ -99,50 +67,24 @@ class ApproxPrefixProducer:
             self._update_capacity(endpoint, request.block_tokens)
         total = len(request.block_hashes)
         index = self.index
-        names = [e.name for e in endpoints]
-        matched = index.match(request.block_hashes, names)
-        memory = self.memory
-        remembered = memory.match(request.block_hashes, names) if memory is not None else None
-        for name in names:
+        matched = index.match(request.block_hashes, (e.name for e in endpoints))
+        for endpoint in endpoints:
+            name = endpoint.name
             fill = index.size(name) / index.capacity(name) if name in self._capacities else None
-            held = matched[name]
-            if memory is None or remembered is None:
-                state.put(name, PrefixMatch(held, total, request.block_tokens, fill=fill))
-                continue
-            # the memory's bound is larger, so it holds all the index does (max() for a shrunk capacity)
-            recalled = max(held, remembered[name])
-            pressure = memory.size(name) / memory.capacity(name)
-            match = PrefixMatch(
-                held,
-                total,
-                request.block_tokens,
-                fill=fill,
-                remembered_blocks=recalled,
-                remembered_fill=pressure,
-            )
-            state.put(name, match)
+            state.put(name, PrefixMatch(matched[name], total, request.block_tokens, fill=fill))
 
     def on_dispatch(self, request: SchedRequest, endpoint: EndpointSnapshot) -> None:
         self._update_capacity(endpoint, request.block_tokens)
         if request.block_hashes:
             self.index.add(endpoint.name, request.block_hashes)
-            if self.memory is not None:
-                self.memory.add(endpoint.name, request.block_hashes)
 
     def reset(self) -> None:
         self.index.clear()
-        if self.memory is not None:
-            self.memory.clear()
 
     def forget_endpoint(self, endpoint: str) -> None:
         """``endpoint`` went away: its entries expire (a replica that comes back starts cold)."""
         self._capacities.pop(endpoint, None)
         self.index.remove_endpoint(endpoint)
-        if self.memory is not None:
-            self.memory.remove_endpoint(endpoint)
-
-    def _memory_blocks(self, capacity_blocks: int) -> int:
-        return max(1, round(capacity_blocks * self._memory_factor))
 
     def _update_capacity(self, endpoint: EndpointSnapshot, block_tokens: int) -> None:
         blocks = endpoint.capacity_blocks(block_tokens, learned=self._engine_tokens)
@@ -152,5 +94,3 @@ class ApproxPrefixProducer:
         if known is None or abs(blocks - known) > known * _CAPACITY_SLACK:  # common: (almost) unchanged
             self._capacities[endpoint.name] = blocks
             self.index.set_capacity(endpoint.name, blocks)
-            if self.memory is not None:
-                self.memory.set_capacity(endpoint.name, self._memory_blocks(blocks))

@@ -41,17 +41,6 @@ Past the margin the scores are as above. Without it (0), a warm endpoint within 
 one only ties with it, and the picker's tie-break sends the request cold about every other time; and the
 estimate moves a request off its cached replica as soon as the queue ahead looks dearer than the prefill
 it saves, though that queue is an estimate whose error grows with the load.
-
-When every endpoint would compute the same (none holds more of the prompt by the index), the home is where
-the producer's memory of past routing says most of it was sent (``PrefixMatch.remembered_blocks``:
-``approx-prefix-producer``'s ``memory_factor``), when it says so of some endpoints and not all, under the
-same margin: a document the index believes evicted everywhere goes back to the replica it lived on, where
-it may still be cached and where recomputing it displaces nothing on another replica. A prompt the memory
-holds alike everywhere (a new document) goes, under the same margin, to the endpoint whose memory is the
-least full (``remembered_fill``): the one with the fewest distinct blocks recently routed to it. So new
-documents balance the caches' contents rather than the request counts: under skewed popularity, the
-replica holding the hottest documents takes fewer new ones, though it serves more requests (sglang-router
-places a new prefix on the worker with the smallest tree for the same reason).
 """
 
 from __future__ import annotations
@@ -186,7 +175,7 @@ class CostScorer:
         best = min(costs.values())
         if best <= 0.0:
             return {name: 1.0 if cost <= 0.0 else 0.0 for name, cost in costs.items()}
-        home = self._home(priced, best, endpoints, state)
+        home = self._home(priced, best)
         if home:
             # the endpoints holding the most of the prompt keep it: 1.0 for them, the rest below any of them
             # and ordered by cost (the failover order), since none is cheaper past the margin
@@ -200,47 +189,13 @@ class CostScorer:
         near = best * (1.0 + self._p.tie_tolerance)
         return {name: 1.0 if cost <= near else best / cost for name, cost in costs.items()}
 
-    def _home(
-        self,
-        priced: Mapping[str, tuple[float, int]],
-        best: float,
-        endpoints: Sequence[EndpointSnapshot],
-        state: CycleState,
-    ) -> set[str]:
-        """The endpoints computing the fewest prompt tokens, when others would compute more, or else (all
-        alike) those the prompt was remembered most on, when others less; and none of them cheaper than
-        the rest by more than ``stay_margin`` (and ``tie_tolerance``). Else none."""
+    def _home(self, priced: Mapping[str, tuple[float, int]], best: float) -> set[str]:
+        """The endpoints computing the fewest prompt tokens, when others would compute more and none is
+        cheaper than them by more than ``stay_margin`` (and ``tie_tolerance``); else none."""
         if self._p.stay_margin <= 0.0:
             return set()
         fewest = min(own for _, own in priced.values())
         if all(own == fewest for _, own in priced.values()):
-            # nobody holds more of it than the others: where it lived, if the memory tells; else (new to
-            # all alike) the endpoint whose memory is the least full, the least cache pressure
-            candidates = self._remembered_home(endpoints, state)
-            if not candidates:
-                return set()
-        else:
-            candidates = {name for name, (_, own) in priced.items() if own == fewest}
+            return set()  # nobody holds more of it than the others: nothing to keep
         limit = best * (1.0 + self._p.stay_margin + self._p.tie_tolerance)
-        return {name for name in candidates if priced[name][0] <= limit}
-
-    @staticmethod
-    def _remembered_home(endpoints: Sequence[EndpointSnapshot], state: CycleState) -> set[str]:
-        """The endpoints the memory remembers the most of the prompt on, when it remembers less on others;
-        else those whose memory is the least full, when others' are fuller; else (or with no memory figure
-        for some endpoint) none."""
-        matches = [state.get(e.name, PrefixMatch) for e in endpoints]
-        blocks: dict[str, int] = {}
-        fills: dict[str, float] = {}
-        for e, match in zip(endpoints, matches, strict=True):
-            if match is None or match.remembered_blocks is None or match.remembered_fill is None:
-                return set()
-            blocks[e.name] = match.remembered_blocks
-            fills[e.name] = match.remembered_fill
-        most = max(blocks.values())
-        if any(b != most for b in blocks.values()):
-            return {name for name, b in blocks.items() if b == most}
-        least = min(fills.values())
-        if any(f != least for f in fills.values()):
-            return {name for name, f in fills.items() if f == least}
-        return set()
+        return {name for name, (cost, own) in priced.items() if own == fewest and cost <= limit}

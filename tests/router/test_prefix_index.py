@@ -3,7 +3,6 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
-import pytest
 from burstsched_plugins.approx_prefix import ApproxPrefixParameters, ApproxPrefixProducer
 from burstsched_plugins.prefix_index import PrefixIndex
 from hypothesis import given, settings
@@ -266,53 +265,3 @@ def test_a_removed_endpoint_can_come_back_cold() -> None:
         assert index.size("a") == 0 and index.entries() == 0
     index.add("a", [1])
     assert index.match([1, 2], ["a"]) == {"a": 1}
-
-
-def test_the_producers_memory_remembers_past_the_index_bound() -> None:
-    producer = ApproxPrefixProducer(
-        "p", ApproxPrefixParameters(default_capacity_blocks=4, memory_factor=3), PluginContext()
-    )
-    a, b = EndpointSnapshot("a", "u"), EndpointSnapshot("b", "u")
-    document = sched_request(range(1, 5))
-
-    def match(endpoint: str) -> tuple[int, int | None, float | None]:
-        state = CycleState()
-        producer.produce(document, [a, b], state)
-        found = state.get(endpoint, PrefixMatch)
-        assert found is not None
-        return found.matched_blocks, found.remembered_blocks, found.remembered_fill
-
-    producer.on_dispatch(document, a)
-    producer.on_dispatch(sched_request(range(10, 14)), a)  # evicts the document from a's index (4 blocks)
-    # a holds none of it by the index but remembers all 4 blocks; its memory holds 8 of 12 blocks
-    assert match("a") == (0, 4, 8 / 12)
-    assert match("b") == (0, 0, 0.0)
-    # the memory is bounded too: 3 x 4 blocks; two more chains push the document out of it
-    producer.on_dispatch(sched_request(range(20, 24)), a)
-    producer.on_dispatch(sched_request(range(30, 34)), a)
-    assert match("a") == (0, 0, 1.0)
-    # a departed endpoint's memory goes with it, and reset clears it
-    producer.on_dispatch(document, b)
-    assert match("b") == (4, 4, 4 / 12)
-    producer.forget_endpoint("b")
-    assert match("b") == (0, 0, 0.0)
-    producer.reset()
-    assert match("a") == (0, 0, 0.0)
-    # without a factor there is no memory
-    plain = ApproxPrefixProducer("p", ApproxPrefixParameters(default_capacity_blocks=4), PluginContext())
-    state = CycleState()
-    plain.produce(document, [a], state)
-    assert state.get("a", PrefixMatch) == PrefixMatch(0, 4, 64, fill=None)
-
-
-def test_the_memory_follows_the_index_capacity_and_must_reach_past_it() -> None:
-    producer = ApproxPrefixProducer(
-        "p", ApproxPrefixParameters(default_capacity_blocks=1000, memory_factor=2), PluginContext()
-    )
-    endpoint = EndpointSnapshot("a", "u", block_size=16, num_gpu_blocks=20)  # 5 pseudo blocks
-    producer.on_dispatch(sched_request(range(100, 112)), endpoint)
-    assert producer.index.capacity("a") == 5
-    assert producer.memory is not None and producer.memory.capacity("a") == 10
-    assert producer.memory.size("a") == 10
-    with pytest.raises(ValueError, match="memory_factor"):
-        ApproxPrefixParameters(memory_factor=0.5)
