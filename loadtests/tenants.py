@@ -258,6 +258,7 @@ async def run_one(
             block_size=cache.block_size,
             drain_timeout_s=args.drain_timeout,
             progress=progress_line(target.label, rate),
+            received=pool.received,
         )
 
     return await run_with_retries(attempt, lambda s: markdown_table([s]).splitlines()[-1], target.label, args)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from burstsched.workloads.report_page import aligned_table, report_page
+from burstsched.workloads.report_page import COLD_NOTE, aligned_table, report_page, shares
 from burstsched.workloads.report_page import num as _num
 from burstsched.workloads.report_page import pct as _pct
 from burstsched.workloads.run_summary import RunSummary
@@ -53,18 +52,10 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         _num(s.output_tokens_per_s, 1),
         _num(s.prefill_tokens_mean),
         f"{spread} ({s.replica_source})",
-        cold_shares(s),
+        shares(s.cold_moved_share, s.cold_in_place_share),
         _num(s.send_lag_p99_ms, 1),
         _num(s.router_cpu_ms, 2),
     )
-
-
-def cold_shares(s: RunSummary) -> str:
-    """The shares of requests served mostly cold on another replica than their document's previous
-    request, and on the same one; ``-`` where some request's replica is unknown."""
-    if math.isnan(s.cold_moved_share):
-        return "-"
-    return f"{_pct(s.cold_moved_share)} / {_pct(s.cold_in_place_share)}"
 
 
 def markdown_table(summaries: Sequence[RunSummary]) -> str:
@@ -88,11 +79,10 @@ NOTES = (
     "of this run's requests that computed more than half their prompt (their usage); "
     "prefill tok/req: Δ`vllm:request_prefill_kv_computed_tokens_sum` / "
     "completed requests; requests per replica from the `x-burstsched-endpoint` header (header), the "
-    "client's own choice (client), the request ids each replica received (replicas: the simulator records "
-    "them) or Δ`vllm:request_success_total` (counters); cold: moved / in place: the shares of the completed "
-    "requests that computed more than half their prompt on another replica than their document's previous "
-    "request of the run went to, and on the same one (it had been evicted there); - where some request's "
-    "replica is unknown; send lag: how late the "
+    "client's own choice (client), the request ids each replica received (replicas) or "
+    "Δ`vllm:request_success_total` (counters); "
+    + COLD_NOTE.format(unit="document")
+    + "; send lag: how late the "
     "load generator sent a request after its scheduled arrival (large values mean the client, not the "
     "pool, was the bottleneck); router CPU: user + system time of the target's router processes over the "
     "run (from `/proc`, their idle work included) per completed request, none for client-side routing."

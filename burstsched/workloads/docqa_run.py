@@ -25,13 +25,7 @@ from burstsched.workloads.docqa import (
 )
 from burstsched.workloads.open_loop import Clock, Progress, ProgressSink, measured_run, run_open_loop
 from burstsched.workloads.open_loop import RequestRecord as BaseRecord
-from burstsched.workloads.placement import (
-    Received,
-    attach_replicas,
-    by_document,
-    cold_placements,
-    received_counts,
-)
+from burstsched.workloads.placement import Received, ReplicaWatch, by_document, cold_placements
 from burstsched.workloads.replica_metrics import ReplicaCounters
 from burstsched.workloads.replica_state import (
     CacheConfig,
@@ -202,10 +196,9 @@ async def run_target(
             progress=progress,
         )
 
-    before = received_counts(received) if received is not None else None
+    watch = ReplicaWatch(received)
     records, deltas, router_cpu_s = await measured_run(client, target, endpoints, model, run)
-    if received is not None and before is not None:
-        attach_replicas(records, tag, [name for name, _ in endpoints], before, received())
+    watch.name(records, tag, [name for name, _ in endpoints])
     summary = with_router_cpu(
         summarize(target.label, rate, records, deltas, corpus, block_size, partition), router_cpu_s
     )

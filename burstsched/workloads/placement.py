@@ -6,7 +6,8 @@ the ``X-Request-Id`` of every inference request each replica receives (the simul
 replica of each record the router's header did not name.
 
 With every request's replica known, :func:`cold_placements` splits the requests served mostly cold (more
-than half the prompt computed) by where the same document's previous request of the run went:
+than half the prompt computed) by where the same document's (or conversation's) previous request of the
+run went:
 
 - **moved**: to another replica. The document was cold there (it had lived elsewhere, or nowhere), and now
   takes cache on a second replica;
@@ -58,6 +59,20 @@ def received_counts(received: Received) -> list[int]:
     return [len(ids) for ids in received()]
 
 
+class ReplicaWatch:
+    """Counts each replica's ids when made; :meth:`name` then names the replica of a run's records from the
+    ids received since (nothing without ``received``)."""
+
+    def __init__(self, received: Received | None) -> None:
+        self._received = received
+        self._before = received_counts(received) if received is not None else None
+
+    def name(self, records: Sequence[RequestRecord], tag: str, names: Sequence[str]) -> int:
+        if self._received is None or self._before is None:
+            return 0
+        return attach_replicas(records, tag, names, self._before, self._received())
+
+
 @dataclass(frozen=True, slots=True)
 class ColdPlacements:
     """Shares of a run's completed requests (with usage) served mostly cold, by where their document's
@@ -100,3 +115,9 @@ def by_document(record: RequestRecord) -> Hashable:
     """A record's document, from its labels (document QA)."""
     labels: Mapping[str, object] = record.labels()
     return labels.get("document")
+
+
+def by_session(record: RequestRecord) -> Hashable:
+    """A record's conversation, from its labels (multi-tenant chat: its tenant and user)."""
+    labels: Mapping[str, object] = record.labels()
+    return (labels.get("tenant"), labels.get("user"))

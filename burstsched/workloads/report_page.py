@@ -19,6 +19,18 @@ def num(value: float, digits: int = 0) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
+def shares(first: float, second: float) -> str:
+    """Two shares as ``a% / b%``, or ``-`` when unknown (the cold placements' column)."""
+    return "-" if math.isnan(first) or math.isnan(second) else f"{pct(first)} / {pct(second)}"
+
+
+COLD_NOTE = (
+    "cold: moved / in place: the shares of the completed requests that computed more than half their "
+    "prompt on another replica than the previous request of their {unit} in the run went to, and on the "
+    "same one (it had been evicted there); - where some request's replica is unknown"
+)
+
+
 def aligned_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A markdown table with every column padded to its widest cell."""
     lines_of = [tuple(header), *(tuple(row) for row in rows)]

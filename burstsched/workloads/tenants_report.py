@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from burstsched.workloads.report_page import aligned_table, num, pct, report_page
+from burstsched.workloads.report_page import COLD_NOTE, aligned_table, num, pct, report_page, shares
 from burstsched.workloads.run_summary import RunSummary
 
 COLUMNS = (
@@ -25,6 +25,7 @@ COLUMNS = (
     "prefill tok/req",
     "max/mean",
     "requests per replica",
+    "cold: moved / in place",
     "send lag p99 ms",
     "router CPU ms/req",
 )
@@ -40,8 +41,11 @@ NOTES = (
     "the stream, unfinished; refused: answered with an HTTP error status; prefill tok/req: "
     "Δ`vllm:request_prefill_kv_computed_tokens_sum` / completed requests; max/mean: the busiest "
     "replica's completed requests over the mean; requests per replica from the `x-burstsched-endpoint` "
-    "header (header), the client's own choice (client) or Δ`vllm:request_success_total` (counters); send "
-    "lag: how late the load generator sent a request after it could be sent (its arrival, or the end of "
+    "header (header), the client's own choice (client), the request ids each replica received (replicas) "
+    "or Δ`vllm:request_success_total` (counters); "
+    + COLD_NOTE.format(unit="conversation (tenant and user)")
+    + "; send lag: how late the load generator sent a request after it could be sent (its arrival, or the "
+    "end of "
     "the user's previous turn); router CPU: user + system time of the target's router processes over the "
     "run (from `/proc`, their idle work included) per completed request, none for client-side routing."
 )
@@ -66,6 +70,7 @@ def table_row(s: RunSummary) -> tuple[str, ...]:
         num(s.prefill_tokens_mean),
         num(s.replica_max_over_mean, 2),
         f"{spread} ({s.replica_source})",
+        shares(s.cold_moved_share, s.cold_in_place_share),
         num(s.send_lag_p99_ms, 1),
         num(s.router_cpu_ms, 2),
     )

@@ -18,6 +18,7 @@ import httpx
 
 from burstsched.workloads.open_loop import Clock, ProgressSink, measured_run, run_open_loop
 from burstsched.workloads.open_loop import RequestRecord as BaseRecord
+from burstsched.workloads.placement import Received, ReplicaWatch, by_session, cold_placements
 from burstsched.workloads.replica_metrics import ReplicaCounters
 from burstsched.workloads.run_summary import RunSummary, TargetRun, summarize_run, with_router_cpu
 from burstsched.workloads.stats import percentile
@@ -81,8 +82,13 @@ def summarize(
     summary = summarize_run(target, rate, records, deltas, ideal_hit_rate(completed, block_size))
     arrived_in_burst = [r.ttft_ms for r in records if r.ok and r.in_burst and r.ttft_ms is not None]
     others = [r.ttft_ms for r in records if r.ok and not r.in_burst and r.ttft_ms is not None]
+    placements = cold_placements(records, by_session)
     return replace(
-        summary, burst_ttft_p95_ms=percentile(arrived_in_burst, 95), other_ttft_p95_ms=percentile(others, 95)
+        summary,
+        burst_ttft_p95_ms=percentile(arrived_in_burst, 95),
+        other_ttft_p95_ms=percentile(others, 95),
+        cold_moved_share=placements.moved,
+        cold_in_place_share=placements.in_place,
     )
 
 
@@ -101,9 +107,14 @@ async def run_target(
     drain_timeout_s: float = 60.0,
     progress: ProgressSink | None = None,
     clock: Clock = time.perf_counter,
+    received: Received | None = None,
 ) -> TargetRun[TurnRecord]:
-    """Reset the replicas' prefix caches, open the target, run the sequence through it, close it."""
+    """Reset the replicas' prefix caches, open the target, run the sequence through it, close it.
+
+    ``received``: the ids each replica received (:mod:`burstsched.workloads.placement`), to name the
+    replica of the requests whose router does not."""
     by_index = {r.index: r for r in requests}
+    tag = f"tenants-{target.label}"
 
     def body_of(record: TurnRecord) -> dict[str, Any]:
         return chat_request(model, tenants.messages(by_index[record.index]), max_tokens)
@@ -118,13 +129,15 @@ async def run_target(
             records_of(requests),
             body_of,
             follows=follows,
-            tag=f"tenants-{target.label}",
+            tag=tag,
             drain_timeout_s=drain_timeout_s,
             clock=clock,
             progress=progress,
         )
 
+    watch = ReplicaWatch(received)
     records, deltas, router_cpu_s = await measured_run(client, target, endpoints, model, run)
+    watch.name(records, tag, [name for name, _ in endpoints])
     summary = with_router_cpu(
         summarize(target.label, rate, records, deltas, prompt_tokens, block_size), router_cpu_s
     )

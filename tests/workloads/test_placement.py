@@ -5,8 +5,15 @@ from __future__ import annotations
 import math
 
 from burstsched.workloads.docqa_run import RequestRecord
-from burstsched.workloads.placement import attach_replicas, by_document, cold_placements
+from burstsched.workloads.placement import (
+    ReplicaWatch,
+    attach_replicas,
+    by_document,
+    by_session,
+    cold_placements,
+)
 from burstsched.workloads.run_summary import per_replica_counts
+from burstsched.workloads.tenants_run import TurnRecord
 
 
 def _record(index: int, document: int, replica: str | None, cached: int, prompt: int = 1000) -> RequestRecord:
@@ -62,3 +69,20 @@ def test_requests_per_replica_say_where_the_names_came_from() -> None:
     assert per_replica_counts(records, {}) == ({"a": 1, "b": 1}, "replicas")
     records[1].replica_source = "header"
     assert per_replica_counts(records, {})[1] == "header+replicas"
+
+
+def test_a_watch_names_from_the_ids_received_after_it_was_made() -> None:
+    ids = [["old-0"], ["old-1"]]
+    watch = ReplicaWatch(lambda: ids)
+    ids[0].append("run-0")
+    ids[1].append("run-1")
+    records = [_record(0, 1, None, 0), _record(1, 1, None, 0)]
+    assert watch.name(records, "run", ["a", "b"]) == 2
+    assert [r.replica for r in records] == ["a", "b"]
+    assert ReplicaWatch(None).name([_record(0, 1, None, 0)], "run", ["a"]) == 0
+
+
+def test_conversations_are_a_tenants_user() -> None:
+    pairs = [(7, 1), (7, 2), (8, 1)]
+    turns = [TurnRecord(i, 0.0, tenant=1, user=u, turn=t) for i, (u, t) in enumerate(pairs)]
+    assert [by_session(r) for r in turns] == [(1, 7), (1, 7), (1, 8)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import anyio
 import httpx
@@ -29,13 +30,17 @@ SPEC = TenantsSpec(
 SIM = SimConfig(time_scale=0.02, num_gpu_blocks=2000)
 
 
+def _received(sims: SimPool) -> list[list[str]]:
+    return [[r.headers.get("x-request-id", "") for r in sims.requests(i)] for i in range(len(sims.names))]
+
+
 @pytest.mark.anyio
 @pytest.mark.timeout(60)
 async def test_tenants_run_follows_turns_and_stays_below_the_ideal() -> None:
     requests = build_sequence(SPEC, random.Random(SPEC.seed))
     assert len(requests) >= 20 and any(r.follows is not None for r in requests)
     with anyio.fail_after(50):
-        async with SimPool(2, SIM) as sims, httpx.AsyncClient(timeout=30.0) as client:
+        async with SimPool(2, SIM, record_requests=True) as sims, httpx.AsyncClient(timeout=30.0) as client:
             endpoints = list(zip(sims.names, sims.urls, strict=True))
             model = SIM.served_model_name
 
@@ -63,8 +68,12 @@ async def test_tenants_run_follows_turns_and_stays_below_the_ideal() -> None:
                 max_tokens=SPEC.max_tokens,
                 block_size=16,
                 drain_timeout_s=20.0,
+                received=partial(_received, sims),
             )
     s = run.summary
+    # the client named every replica itself, and the replicas' own account left those names alone
+    assert s.replica_source == "client"
+    assert 0 <= s.cold_moved_share + s.cold_in_place_share <= 1  # every conversation's replicas known
     assert s.completed == len(requests) and s.failures == s.refused == 0
     records = {r.index: r for r in run.records}
     for request in requests:
