@@ -15,17 +15,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 
 from burstsched.workloads.docqa import Tokenize
-from burstsched.workloads.placement import Received
+from burstsched.workloads.placement import Received, simulator_received
 from burstsched.workloads.pools import event_args
 from burstsched.workloads.targets import Endpoints
-
-if TYPE_CHECKING:
-    from burstsched.sim import SimPool
 
 VLLM_BLOCK_SIZE = 128
 Messages = Sequence[Mapping[str, str]]
@@ -108,7 +104,7 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
                 list(zip(pool.names, pool.urls, strict=True)),
                 config.served_model_name,
                 (*router_args, "--tokenizer", "remote"),
-                received=partial(received_ids, pool),
+                received=partial(simulator_received, pool),
             )
         return
     from burstsched.testing import VllmConfig, ensure_model, real_vllm_pool
@@ -134,11 +130,6 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
             (*router_args, "--tokenizer", str(ensure_model())),
             received=partial(read_replica_ids, [p for p in paths if p is not None]),
         )
-
-
-def received_ids(pool: SimPool) -> list[list[str]]:
-    """The ``X-Request-Id`` of every inference request each simulated replica received, in order."""
-    return [[r.headers.get("x-request-id", "") for r in pool.requests(i)] for i in range(len(pool.names))]
 
 
 def read_replica_ids(paths: Sequence[Path]) -> list[list[str]]:

@@ -22,9 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from burstsched.workloads.open_loop import RequestRecord, request_id
 from burstsched.workloads.stats import mostly_cold
+
+if TYPE_CHECKING:
+    from burstsched.sim import SimPool
 
 Received = Callable[[], Sequence[Sequence[str]]]
 """Each replica's received request ids so far, in arrival order (the pool's endpoints' order)."""
@@ -52,6 +56,11 @@ def attach_replicas(
                 record.replica_source = "replicas"
                 named += 1
     return named
+
+
+def simulator_received(pool: SimPool) -> list[list[str]]:
+    """Each simulated replica's received ids (a pool with ``record_requests=True``): a :data:`Received`."""
+    return [[r.headers.get("x-request-id", "") for r in pool.requests(i)] for i in range(len(pool.names))]
 
 
 def received_counts(received: Received) -> list[int]:

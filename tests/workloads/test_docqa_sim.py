@@ -17,7 +17,7 @@ from burstsched.sim import SimConfig, SimPool
 from burstsched.workloads.capacity import measure_cold_capacity
 from burstsched.workloads.docqa import DocQASpec, build_corpus, build_sequence, remeasure_corpus
 from burstsched.workloads.docqa_run import Progress, read_cache_config, reset_prefix_caches, run_target
-from burstsched.workloads.placement import Received, attach_replicas, received_counts
+from burstsched.workloads.placement import Received, attach_replicas, received_counts, simulator_received
 from burstsched.workloads.targets import ClientRandomTarget, Endpoints, burstsched_target
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "default.yaml"
@@ -33,14 +33,11 @@ SPEC = DocQASpec(
 SIM = SimConfig(time_scale=0.02, num_gpu_blocks=2000)  # 32k tokens per replica: every document fits
 
 
-def _received(sims: SimPool) -> list[list[str]]:
-    return [[r.headers.get("x-request-id", "") for r in sims.requests(i)] for i in range(len(sims.names))]
-
-
 @pytest.fixture
 async def pool() -> AsyncIterator[tuple[Endpoints, str, Received]]:
     async with SimPool(2, SIM, record_requests=True) as sims:
-        yield list(zip(sims.names, sims.urls, strict=True)), SIM.served_model_name, partial(_received, sims)
+        endpoints = list(zip(sims.names, sims.urls, strict=True))
+        yield endpoints, SIM.served_model_name, partial(simulator_received, sims)
 
 
 @pytest.mark.anyio

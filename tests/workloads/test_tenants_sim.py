@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from burstsched.sim import SimConfig, SimPool
+from burstsched.workloads.placement import simulator_received
 from burstsched.workloads.targets import ClientRandomTarget
 from burstsched.workloads.tenants import TenantsSpec, build_sequence, build_tenants
 from burstsched.workloads.tenants_run import run_target
@@ -28,10 +29,6 @@ SPEC = TenantsSpec(
     seed=1,
 )
 SIM = SimConfig(time_scale=0.02, num_gpu_blocks=2000)
-
-
-def _received(sims: SimPool) -> list[list[str]]:
-    return [[r.headers.get("x-request-id", "") for r in sims.requests(i)] for i in range(len(sims.names))]
 
 
 @pytest.mark.anyio
@@ -68,7 +65,7 @@ async def test_tenants_run_follows_turns_and_stays_below_the_ideal() -> None:
                 max_tokens=SPEC.max_tokens,
                 block_size=16,
                 drain_timeout_s=20.0,
-                received=partial(_received, sims),
+                received=partial(simulator_received, sims),
             )
     s = run.summary
     # the client named every replica itself, and the replicas' own account left those names alone
