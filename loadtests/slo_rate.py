@@ -26,14 +26,7 @@ from collections.abc import Sequence
 from burstsched.workloads.report_page import num
 from burstsched.workloads.report_page import table as render
 from burstsched.workloads.slo_rate import grid, limits, lower_bound_ratio, points
-from loadtests.ttft_predictions import load
-
-
-def _source(path: Path) -> str:
-    name = path.name
-    for suffix in (".gz", ".json"):
-        name = name.removesuffix(suffix)
-    return name
+from loadtests.ttft_predictions import load, report_name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = [str(path) for path in args.reports if not path.is_file()]
     if missing:
         parser.error(f"no such report: {', '.join(missing)}")
-    every = [p for path in args.reports for p in points(load(path), _source(path))]
+    every = [p for path in args.reports for p in points(load(path), report_name(path))]
     if not every:
         print("no run in these reports", file=sys.stderr)
         return 1

@@ -46,6 +46,14 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
+def report_name(path: Path) -> str:
+    """A report's file name without ``.json`` or ``.json.gz``."""
+    name = path.name
+    for suffix in (".gz", ".json"):
+        name = name.removesuffix(suffix)
+    return name
+
+
 def pairs(requests: Iterable[Mapping[str, Any]]) -> list[tuple[float, float, bool]]:
     """(predicted ms, actual ms, warm) of each request that carried a prediction and has a TTFT."""
     out = []
