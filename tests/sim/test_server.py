@@ -422,7 +422,8 @@ async def test_client_disconnect_aborts_the_request() -> None:
         url = p.urls[0]
         body = chat_body(CONTEXT, max_tokens=5000, stream=True)
         async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-            async for line in response.aiter_lines():
+            lines = response.aiter_lines()  # held: an abandoned generator may close the stream early
+            async for line in lines:
                 if '"content":" ' in line:
                     break
             assert (await metrics(http, url))["vllm:num_requests_running"] == 1
