@@ -7,9 +7,12 @@
 - A block is cached (findable) as soon as a request is scheduled to compute it, so requests in
   flight share blocks: a later request finds the blocks an earlier one is computing in the same or
   a later step and does not compute them again (vLLM caches at ``allocate_slots`` time).
-- Ref counts: a block held by any running request is never evicted. Freed blocks (ref 0) join the
-  free queue's tail, a request's blocks in reverse order so its tail is evicted first. Allocation
-  pops the queue's head (least recently freed) and evicts its hash then: LRU over unheld blocks.
+- Ref counts: a block held by any running request is never evicted. Freed blocks (ref 0) that carry a
+  hash join the free queue's tail, a request's blocks in reverse order so its tail is evicted first;
+  freed blocks without one (the last, partial block of a prompt and its output, or any block with
+  caching off) go to its head, to be reused first, as vLLM's ``BlockPool.free_blocks`` does (0.32).
+  Allocation pops the queue's head and evicts its hash then: LRU over unheld cached blocks, and a
+  partial block never takes a cached block's place.
 - Two blocks may carry the same hash (vLLM does not deduplicate); a lookup finds the first.
 - KV events (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) queue here until the engine
   takes them at the end of its step.
@@ -144,7 +147,9 @@ class BlockCache:
         return out
 
     def free(self, block_ids_in_eviction_order: Iterable[int]) -> None:
-        """Drop one holder of each block; blocks nobody holds join the free queue's tail in this order."""
+        """Drop one holder of each block. Blocks nobody holds join the free queue in this order: cached
+        ones at its tail, uncached ones (no hash) ahead of everything, to be reused first."""
+        uncached: list[int] = []
         for b in block_ids_in_eviction_order:
             if b == NULL_BLOCK_ID:
                 continue
@@ -152,7 +157,13 @@ class BlockCache:
             if self._ref[b] < 0:
                 raise AssertionError(f"block {b} freed more often than held")
             if self._ref[b] == 0:
-                self._free[b] = None
+                if self._hash[b] is None:
+                    uncached.append(b)
+                else:
+                    self._free[b] = None
+        for b in reversed(uncached):  # prepended as a group, in the order given
+            self._free[b] = None
+            self._free.move_to_end(b, last=False)
 
     def cache_blocks(
         self,

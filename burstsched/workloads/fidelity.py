@@ -1,8 +1,12 @@
 """One workload run against a real vLLM replica and the simulator; per-request counter deltas compared.
 
 Cases (each starts from a reset prefix cache): seed pairs (a ~5200-token context cold, then the same context
-with another question), a burst of 4 identical ~4000-token prompts sent at once, and an eviction case that
-needs a small KV cache (80 blocks of 128: two 5200-token contexts do not both fit).
+with another question), a burst of 4 identical ~4000-token prompts sent at once, an eviction case that
+needs a small KV cache (80 blocks of 128: two 5200-token contexts do not both fit), and a partial-block
+case in the same cache: a 5200-token context, ten distinct ~560-token prompts, the long context again.
+What the short prompts evict of the long one depends on where vLLM puts each finished request's last,
+partial block (no hash): at the free queue's head, to be reused first. Put at its tail like cached
+blocks, the partial blocks would hold places in the LRU order and the fillers would evict more.
 
 A request's deltas are Δ`vllm:prefix_cache_hits_total`, Δ`vllm:prefix_cache_queries_total` and
 Δ`vllm:request_prefill_kv_computed_tokens_sum`, read from `/metrics` before and after it. Burst requests run
@@ -27,6 +31,8 @@ MAX_TOKENS = 32
 SEED_CONTEXT_TOKENS = 5200
 BURST_CONTEXT_TOKENS = 4000
 BURST_SIZE = 4
+FILLERS = 10
+FILLER_TOKENS = 560
 QUESTIONS = (
     "\nQuestion: Summarize the observations.",
     "\nQuestion: Which measurements should engineers collect next?",
@@ -197,14 +203,31 @@ async def eviction(client: httpx.AsyncClient, target: Target) -> list[RequestRec
     return records
 
 
+async def partial_blocks(client: httpx.AsyncClient, target: Target) -> list[RequestRecord]:
+    """The long context cold, ten short distinct prompts one after another, the long context warm."""
+    await _reset(client, target)
+
+    async def count(text: str) -> int:
+        return await _count_tokens(client, target, text)
+
+    context = await sized_context("fidelity-partial-long", SEED_CONTEXT_TOKENS, 0, count)
+    records = [await _one(client, target, "partial", "long-cold", context + QUESTIONS[0])]
+    for i in range(FILLERS):
+        filler = await sized_context(f"fidelity-partial-filler-{i}", FILLER_TOKENS, 0, count)
+        records.append(await _one(client, target, "partial", f"filler{i}", filler + QUESTIONS[0]))
+    records.append(await _one(client, target, "partial", "long-warm", context + QUESTIONS[1]))
+    return records
+
+
 async def run_workload(target: Target, *, pairs: int = 3, timeout_s: float = 300.0) -> list[RequestRecord]:
-    """All three cases against one replica, after one short warm-up request."""
+    """All four cases against one replica, after one short warm-up request."""
     with anyio.fail_after(timeout_s):
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
             await _one(client, target, "warmup", "warmup", "Warm-up: say something.")
             records = await seed_pairs(client, target, pairs)
             records += await burst(client, target)
             records += await eviction(client, target)
+            records += await partial_blocks(client, target)
     return records
 
 

@@ -59,6 +59,27 @@ def test_eviction_is_lru_over_unheld_blocks() -> None:
     assert cache.num_cached_blocks == 3
 
 
+def test_freed_blocks_without_a_hash_are_reused_first_and_last_freed_first() -> None:
+    """vLLM 0.32's ``BlockPool.free_blocks``: uncached blocks go to the free queue's head (LIFO), so a
+    prompt's last, partial block never pushes a cached block out of the LRU order."""
+    cache = BlockCache(9, 2)  # 8 usable blocks
+    hasher = BlockHasher(2)
+    first = _store(cache, hasher, [1, 1, 2, 2])
+    first_partial = cache.allocate(1)  # the prompt's last token and the output: no full block
+    second = _store(cache, hasher, [3, 3, 4, 4])
+    second_partial = cache.allocate(1)
+    never_used = cache.free_queue()  # the two blocks no request has had yet
+    cache.free(reversed(first + first_partial))
+    cache.free(reversed(second + second_partial))
+    cache.take_events()
+    assert cache.free_queue()[:2] == [*second_partial, *first_partial]
+    assert cache.allocate(2) == [*second_partial, *first_partial]
+    assert cache.take_events() == []  # nothing cached was evicted
+    # Then the blocks never used, then the cached ones: least recently freed first, tail before head.
+    assert len(never_used) == 2
+    assert cache.free_queue() == [*never_used, first[1], first[0], second[1], second[0]]
+
+
 def test_touching_a_cached_block_protects_it_from_eviction() -> None:
     cache = BlockCache(5, 2)
     hasher = BlockHasher(2)
