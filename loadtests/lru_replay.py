@@ -1,7 +1,7 @@
 """Replay document-QA runs' placements through vLLM's prefix cache, and bound what a fixed split could hit.
 
     python loadtests/lru_replay.py REPORT.json[.gz] ... [--max-share 0.55,0.7] [--starts 4] [--seed 0]
-        [--capacity-blocks N] [--show-splits] [--markdown]
+        [--kv-blocks N] [--show-splits] [--markdown]
 
 For every run of every report (``loadtests/docqa.py``'s JSON, whose requests name their replica): the hit
 rate the replicas measured, and the one a replay of the same placements through one copy of vLLM's block
@@ -49,10 +49,11 @@ CAPACITY = re.compile(r"(\d+) blocks of (\d+) tokens")
 
 
 def capacity_of(report: Mapping[str, Any]) -> tuple[int, int]:
-    """(blocks per replica, tokens per block) from the report's set-up line."""
+    """(KV blocks per replica, tokens per block) from the report's set-up line: vLLM's
+    ``num_gpu_blocks``, one of which is its null block."""
     found = CAPACITY.search(str(report.get("setup", {}).get("KV cache per replica", "")))
     if found is None:
-        raise ValueError("the report does not say its KV cache per replica; give --capacity-blocks")
+        raise ValueError("the report does not say its KV cache per replica; give --kv-blocks")
     return int(found.group(1)), int(found.group(2))
 
 
@@ -112,7 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=4, help="local-search starts per cap")
     parser.add_argument("--seed", type=int, default=0, help="the search's random starts")
     parser.add_argument(
-        "--capacity-blocks", type=int, default=None, help="blocks per replica (default: the report's)"
+        "--kv-blocks",
+        type=int,
+        default=None,
+        help="the replicas' num_gpu_blocks, one being vLLM's null block (default: the report's)",
     )
     parser.add_argument("--show-splits", action="store_true", help="each best split's documents per replica")
     parser.add_argument("--markdown", action="store_true", help="markdown tables instead of text")
@@ -131,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     split_rows: list[tuple[str, ...]] = []
     for path in args.reports:
         report = load(path)
-        capacity, block = capacity_of(report)
-        capacity = args.capacity_blocks or capacity
+        kv_blocks, block = capacity_of(report)
+        capacity = (args.kv_blocks or kv_blocks) - 1  # usable: vLLM keeps one null block
         runs = report.get("runs", [])
         requests = [r for run in runs for r in served(run)]
         shared = shared_blocks_of(
@@ -145,7 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not done:
                 continue
             summary = run["summary"]
-            placed = [Placed(r["document"], r["prompt_tokens"], r["replica"]) for r in done]
+            placed = [
+                Placed(r["document"], r["prompt_tokens"], r["replica"], r.get("completion_tokens") or 0)
+                for r in done
+            ]
             hits = replay_hits(placed, shared, block_size=block, capacity_blocks=capacity)
             prompts = sum(p.prompt_tokens for p in placed)
             measured = sum(r.get("cached_tokens") or 0 for r in done) / prompts
@@ -168,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rate, done in sorted(by_rate.items()):
             documents = [r["document"] for r in done]
             prompts_of = [r["prompt_tokens"] for r in done]
+            outputs = [r.get("completion_tokens") or 0 for r in done]
             even = partition(
                 balanced_owner(documents, replicas),
                 documents,
@@ -175,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shared,
                 block_size=block,
                 capacity_blocks=capacity,
+                output_tokens=outputs,
             )
             row = [name, num(rate, 2), str(len(done)), pct(even.hit_rate)]
             for share in shares:
@@ -188,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     max_share=share,
                     rng=random.Random(args.seed),
                     starts=args.starts,
+                    output_tokens=outputs,
                 )
                 row.append(
                     "none" if best is None else f"{pct(best.hit_rate)} ({best.largest_share:.0%} on one)"

@@ -4,10 +4,9 @@
 :class:`~burstsched.sim.block_cache.BlockCache` per replica, the simulator's copy of vLLM's block pool: a
 request takes the longest cached prefix of its blocks, computes and caches the rest, and frees them last
 block first, as vLLM does, so a replica evicts its least recently used blocks, and a document's last blocks
-before its first. Requests run one at a time here (on a replica, running requests also hold blocks), and
-only a prompt's full blocks are held: vLLM also allocates the last, partial block and the output's, which
-take places in the LRU order without being hits for anyone. On real document-QA runs this replay reads
-0.7-2 points above the measured hit rates, and one that holds the partial block 1-2.5 points below.
+before its first; a request's last, partial block is reused first. Requests run one at a time here (on
+a replica, running requests also hold blocks, and a request that arrives while another computes the same
+document finds only what is already computed), so what differs from the run's own hit rate is timing.
 
 :func:`best_partition` asks which hit rate a router could have had by keeping each document on one
 replica, chosen knowing the whole sequence, with no replica taking more than a share of the requests. It
@@ -28,11 +27,13 @@ from burstsched.sim.block_cache import BlockCache
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """One request: its document, its prompt's length in tokens, and the replica that served it."""
+    """One request: its document, its prompt's length in tokens, the replica that served it, and the
+    tokens it generated there."""
 
     document: int
     prompt_tokens: int
     replica: str
+    output_tokens: int = 0
 
 
 def shared_blocks_of(requests: Iterable[tuple[int, int, int]], block_size: int) -> dict[int, int]:
@@ -58,7 +59,12 @@ def replay_hits(
     """Per request, the tokens it reads from its replica's cache when the requests run in this order.
 
     A prompt's first ``shared_blocks[document]`` full blocks are its document's, the same for every
-    request of it; its other full blocks are its own. Each replica holds ``capacity_blocks`` blocks.
+    request of it. The request holds KV for its prompt and all but its last output token: the full
+    blocks of that past its document's are its own (cached, found by no one else), and a last, partial
+    block is held without a hash and freed to be reused first. Each replica holds ``capacity_blocks``
+    usable blocks (vLLM's ``num_gpu_blocks`` less its null block). On 400 document-QA prompts sent one
+    at a time to a real vLLM replica of 161 blocks (``loadtests/cache_probe.py``), this gave every
+    request's cached tokens exactly.
     """
     if block_size < 1 or capacity_blocks < 1:
         raise ValueError("block_size and capacity_blocks must be >= 1")
@@ -69,18 +75,20 @@ def replay_hits(
         cache = caches.get(request.replica)
         if cache is None:
             cache = caches[request.replica] = BlockCache(capacity_blocks + 1, block_size)  # + vLLM's null
-        full = request.prompt_tokens // block_size
-        shared = min(shared_blocks.get(request.document, 0), full)
+        prompt_full = request.prompt_tokens // block_size
+        with_kv = request.prompt_tokens + max(0, request.output_tokens - 1)
+        full, partial = divmod(with_kv, block_size)
+        shared = min(shared_blocks.get(request.document, 0), prompt_full)
         hashes = [_document_block(request.document, k) for k in range(shared)]
         for _ in range(full - shared):
             own += 1
             hashes.append(-own)  # a block no other request has
-        if full > capacity_blocks:
-            raise ValueError(f"a prompt of {full} blocks cannot fit {capacity_blocks}")
-        hit = cache.longest_hit(hashes, request.prompt_tokens - 1)
+        if full + (partial > 0) > capacity_blocks:
+            raise ValueError(f"a request of {full + (partial > 0)} blocks cannot fit {capacity_blocks}")
+        hit = cache.longest_hit(hashes[:prompt_full], request.prompt_tokens - 1)
         cache.touch(hit)
-        computed = cache.allocate(len(hashes) - len(hit))
-        cache.cache_blocks(computed, hashes[len(hit) :], (), None)
+        computed = cache.allocate(len(hashes) - len(hit) + (partial > 0))
+        cache.cache_blocks(computed[: len(hashes) - len(hit)], hashes[len(hit) :], (), None)
         cache.free(list(reversed(hit + computed)))
         cache.take_events()
         hits.append(len(hit) * block_size)
@@ -132,11 +140,14 @@ def partition(
     *,
     block_size: int,
     capacity_blocks: int,
+    output_tokens: Sequence[int] | None = None,
 ) -> Partition:
-    """Replay the sequence with every request on its document's replica."""
-    if len(documents) != len(prompt_tokens):
-        raise ValueError("one prompt length per request")
-    placed = [Placed(d, p, owner[d]) for d, p in zip(documents, prompt_tokens, strict=True)]
+    """Replay the sequence with every request on its document's replica (``output_tokens``: what each
+    generated; none if not given)."""
+    outputs = [0] * len(documents) if output_tokens is None else output_tokens
+    if not len(documents) == len(prompt_tokens) == len(outputs):
+        raise ValueError("one prompt length (and output length) per request")
+    placed = [Placed(d, p, owner[d], o) for d, p, o in zip(documents, prompt_tokens, outputs, strict=True)]
     hits = replay_hits(placed, shared_blocks, block_size=block_size, capacity_blocks=capacity_blocks)
     requests = Counter(owner[d] for d in documents)
     computed: Counter[str] = Counter()
@@ -156,6 +167,7 @@ def best_partition(
     max_share: float,
     rng: random.Random,
     starts: int = 4,
+    output_tokens: Sequence[int] | None = None,
 ) -> Partition | None:
     """The split with the most replayed hits that local search found with no replica over ``max_share``
     of the requests; None when none of its starts could be brought under the cap.
@@ -179,6 +191,7 @@ def best_partition(
             shared_blocks,
             block_size=block_size,
             capacity_blocks=capacity_blocks,
+            output_tokens=output_tokens,
         )
 
     def loads(owner: Mapping[int, str]) -> Counter[str]:

@@ -28,16 +28,29 @@ def prompt(blocks: int, extra: int = 5) -> int:
 
 
 def test_a_document_that_fits_hits_all_its_blocks_after_its_first_request() -> None:
+    # Two documents of two blocks, and each request's partial last block: five blocks are enough.
     placed = [Placed(d, prompt(2), "a") for d in (0, 1, 0, 1, 0)]
-    hits = replay_hits(placed, {0: 2, 1: 2}, block_size=BLOCK, capacity_blocks=4)
+    hits = replay_hits(placed, {0: 2, 1: 2}, block_size=BLOCK, capacity_blocks=5)
     assert hits == [0, 0, 32, 32, 32]
+    # With four, the partial block of each request takes a cached one's place while it runs.
+    assert replay_hits(placed, {0: 2, 1: 2}, block_size=BLOCK, capacity_blocks=4) != hits
 
 
 def test_a_full_pool_evicts_the_least_recent_document_and_its_last_blocks_first() -> None:
-    # Three blocks each, four in the pool: B takes the free block and A's last two, A's first stays.
+    # Three full blocks and a partial one each, five in the pool: B takes A's partial block, the free
+    # one and A's last two full blocks; A's first stays.
     placed = [Placed(0, prompt(3), "a"), Placed(1, prompt(3), "a"), Placed(0, prompt(3), "a")]
-    hits = replay_hits(placed, {0: 3, 1: 3}, block_size=BLOCK, capacity_blocks=4)
+    hits = replay_hits(placed, {0: 3, 1: 3}, block_size=BLOCK, capacity_blocks=5)
     assert hits == [0, 0, BLOCK]
+
+
+def test_the_output_holds_blocks_too() -> None:
+    # 37 prompt tokens and 28 more with KV (29 generated): four full blocks and a partial one, all five
+    # of a five-block pool, so B's answer evicts all of A; without outputs A's two blocks stay.
+    quiet = [Placed(0, prompt(2), "a"), Placed(1, prompt(2), "a"), Placed(0, prompt(2), "a")]
+    talkative = [Placed(0, prompt(2), "a", 29), Placed(1, prompt(2), "a", 29), Placed(0, prompt(2), "a")]
+    assert replay_hits(quiet, {0: 2, 1: 2}, block_size=BLOCK, capacity_blocks=5) == [0, 0, 32]
+    assert replay_hits(talkative, {0: 2, 1: 2}, block_size=BLOCK, capacity_blocks=5) == [0, 0, 0]
 
 
 def test_a_hit_leaves_the_prompts_last_token_to_compute() -> None:
@@ -52,7 +65,7 @@ def test_each_replica_has_its_own_cache_and_a_requests_own_blocks_hit_nobody() -
     assert replay_hits(placed, {0: 2}, block_size=BLOCK, capacity_blocks=8) == [0, 0, 2 * BLOCK]
 
 
-def test_a_prompt_larger_than_the_pool_is_an_error() -> None:
+def test_a_request_larger_than_the_pool_is_an_error() -> None:
     with pytest.raises(ValueError, match="cannot fit"):
         replay_hits([Placed(0, prompt(5), "a")], {0: 5}, block_size=BLOCK, capacity_blocks=4)
 
@@ -142,7 +155,7 @@ def report(path: Path) -> Path:
             requests.append(request(i, d, replica, SIZES[d] * BLOCK if d in seen else 0))
             seen.add(d)
         runs.append({"rate": 2.0, "summary": {"target": target, "repeat": 1}, "requests": requests})
-    data = {"setup": {"KV cache per replica": f"4 blocks of {BLOCK} tokens"}, "runs": runs}
+    data = {"setup": {"KV cache per replica": f"5 blocks of {BLOCK} tokens"}, "runs": runs}  # 4 usable
     out = path / "docqa.json.gz"
     with gzip.open(out, "wt") as handle:
         json.dump(data, handle)
@@ -169,7 +182,7 @@ def test_the_command_prints_each_runs_measured_and_replayed_hits_and_the_splits(
 
 def test_the_cache_size_is_read_from_the_reports_set_up() -> None:
     assert capacity_of({"setup": {"KV cache per replica": "161 blocks of 128 tokens"}}) == (161, 128)
-    with pytest.raises(ValueError, match="--capacity-blocks"):
+    with pytest.raises(ValueError, match="--kv-blocks"):
         capacity_of({"setup": {}})
 
 
