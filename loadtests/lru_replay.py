@@ -37,6 +37,7 @@ from burstsched.workloads.lru_replay import (
     Placed,
     balanced_owner,
     best_partition,
+    computed_by_replica,
     partition,
     replay_hits,
     shared_blocks_of,
@@ -69,11 +70,9 @@ def served(run: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def computed_shares(placed: Sequence[Placed], hits: Sequence[int], replicas: Sequence[str]) -> str:
     """Each replica's share of the prompt tokens the replay computed, in ``replicas`` order."""
-    computed = Counter[str]()
-    for request, hit in zip(placed, hits, strict=True):
-        computed[request.replica] += request.prompt_tokens - hit
+    computed = computed_by_replica(placed, hits)
     total = sum(computed.values()) or 1
-    return " / ".join(f"{computed[r] / total:.0%}" for r in replicas)
+    return " / ".join(f"{computed.get(r, 0) / total:.0%}" for r in replicas)
 
 
 def split_lines(
@@ -137,15 +136,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = load(path)
         kv_blocks, block = capacity_of(report)
         capacity = (args.kv_blocks or kv_blocks) - 1  # usable: vLLM keeps one null block
-        runs = report.get("runs", [])
-        requests = [r for run in runs for r in served(run)]
+        runs = [(run, served(run)) for run in report.get("runs", [])]
+        requests = [r for _, done in runs for r in done]
         shared = shared_blocks_of(
             ((r["document"], r["prompt_tokens"], r.get("cached_tokens") or 0) for r in requests), block
         )
         by_rate: dict[float, list[dict[str, Any]]] = {}
         replicas = sorted({r["replica"] for r in requests})
-        for run in runs:
-            done = served(run)
+        for run, done in runs:
             if not done:
                 continue
             summary = run["summary"]

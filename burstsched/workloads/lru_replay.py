@@ -150,10 +150,16 @@ def partition(
     placed = [Placed(d, p, owner[d], o) for d, p, o in zip(documents, prompt_tokens, outputs, strict=True)]
     hits = replay_hits(placed, shared_blocks, block_size=block_size, capacity_blocks=capacity_blocks)
     requests = Counter(owner[d] for d in documents)
+    computed = computed_by_replica(placed, hits)
+    return Partition(dict(owner), sum(hits), sum(prompt_tokens), dict(requests), computed)
+
+
+def computed_by_replica(placed: Sequence[Placed], hits: Sequence[int]) -> dict[str, int]:
+    """Per replica, the prompt tokens its requests computed (missed the cache), given their hits."""
     computed: Counter[str] = Counter()
     for request, hit in zip(placed, hits, strict=True):
         computed[request.replica] += request.prompt_tokens - hit
-    return Partition(dict(owner), sum(hits), sum(prompt_tokens), dict(requests), dict(computed))
+    return dict(computed)
 
 
 def best_partition(
@@ -202,9 +208,10 @@ def best_partition(
 
     best: Partition | None = None
     for start in range(starts):
-        owner = balanced_owner(documents, replicas)
         if start:
             owner = {d: rng.choice(list(replicas)) for d in sorted(asked)}
+        else:
+            owner = balanced_owner(documents, replicas)
         if not _bring_under(owner, asked, loads, limit, rng):
             continue
         current = replay(owner)
