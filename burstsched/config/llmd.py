@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from burstsched.config.errors import ConfigError, ConfigIssue, issues_from_validation
 from burstsched.config.llmd_params import Params
-from burstsched.config.llmd_plugins import BURSTSCHED_TYPES, TRANSLATORS, Translated
+from burstsched.config.llmd_plugins import BURSTSCHED_TYPES, ROLE_LABEL, TRANSLATORS, Translated
 from burstsched.config.models import PluginSpec, RouterConfig
 
 PICKER_CONFIG_KIND = "EndpointPickerConfig"
@@ -49,15 +49,25 @@ API_VERSIONS = ("llm-d.ai/v1alpha1", "llm-d.ai/v1", "inference.networking.x-k8s.
 POOL_KIND = "InferencePool"
 POOL_API_VERSIONS = ("inference.networking.k8s.io/v1", "inference.networking.x-k8s.io/v1alpha2")
 
-_TOP_LEVEL = ("apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector")
+_TOP_LEVEL = (
+    "apiVersion",
+    "kind",
+    "plugins",
+    "schedulingProfiles",
+    "featureGates",
+    "saturationDetector",
+    "dataLayer",
+    "requestHandler",
+)
+_FLOW_CONTROL = "not supported: burstsched has no flow control (its admission is burst admission)"
 _NOT_SUPPORTED = {
-    "dataLayer": "burstsched scrapes each replica's /metrics itself (pool section)",
-    "flowControl": "burstsched has no flow control (its admission is burst admission)",
-    "requestHandler": "burstsched parses OpenAI requests itself",
-    "parser": "burstsched parses OpenAI requests itself",
+    "flowControl": _FLOW_CONTROL,
+    "parser": "not supported: the deprecated parser section; list parsers under requestHandler.parsers",
 }
 # Gates of features burstsched always has: its producers run before scheduling, its pool scrapes metrics.
 _HARMLESS_GATES = ("prepareDataPlugins", "dataLayer")
+# Plugin roles llm-d lists in a scheduling profile's default (filters, scorers, pickers).
+_PROFILE_ROLES = ("filter", "role-filter", "scorer", "picker", "detector")
 _HEALTH_FILTER = "health-filter"
 _AUTO_PRODUCER = "approx-prefix-producer"
 LLMD_SCRAPE_INTERVAL_MS = 50.0  # llm-d's metrics refresh period
@@ -75,6 +85,7 @@ class LlmdTranslation:
     config: RouterConfig
     api_version: str
     notes: tuple[str, ...] = ()
+    explain: tuple[str, ...] = ()
 
 
 @dataclass
@@ -91,6 +102,7 @@ class _Profile:
     filters: list[str] = field(default_factory=list)
     picker: str | None = None
     listed: set[str] = field(default_factory=set)
+    stages: set[str] = field(default_factory=set)
 
 
 def translate_llmd(documents: Sequence[object], *, source: str | None = None) -> LlmdTranslation:
@@ -122,7 +134,8 @@ def translate_llmd(documents: Sequence[object], *, source: str | None = None) ->
             ConfigIssue("apiVersion", f"expected one of {', '.join(API_VERSIONS)}; got {api_version!r}")
         )
     notes: list[str] = []
-    data = _translate_picker_config(picker_config, issues, notes)
+    explain: list[str] = []
+    data = _translate_picker_config(picker_config, issues, notes, explain)
     if selector is not None:
         data.setdefault("pool", {})["selector"] = selector
     if issues:
@@ -131,7 +144,7 @@ def translate_llmd(documents: Sequence[object], *, source: str | None = None) ->
         config = RouterConfig.model_validate(data)
     except ValidationError as exc:  # a translation that does not fit: name burstsched's field
         raise ConfigError(issues_from_validation(exc, prefix="(translated)"), source) from None
-    return LlmdTranslation(config, str(api_version), tuple(notes))
+    return LlmdTranslation(config, str(api_version), tuple(notes), tuple(explain))
 
 
 def _where(where: str, key: str) -> str:
@@ -139,21 +152,56 @@ def _where(where: str, key: str) -> str:
 
 
 def _translate_picker_config(
-    doc: Mapping[str, Any], issues: list[ConfigIssue], notes: list[str]
+    doc: Mapping[str, Any], issues: list[ConfigIssue], notes: list[str], explain: list[str]
 ) -> dict[str, Any]:
     for key in doc:
         if key in _NOT_SUPPORTED:
-            issues.append(ConfigIssue(str(key), f"not supported: {_NOT_SUPPORTED[key]}"))
+            issues.append(ConfigIssue(str(key), _NOT_SUPPORTED[key]))
         elif key not in _TOP_LEVEL:
             issues.append(ConfigIssue(str(key), "unknown field"))
-    _check_gates(doc.get("featureGates"), issues)
-    plugins = _translate_plugins(doc.get("plugins"), issues)
-    profile = _read_profile(doc.get("schedulingProfiles"), plugins, issues)
+    _check_gates(doc.get("featureGates"), "flowControl" in doc, issues)
+    refused: set[str] = set()
+    plugins = _translate_plugins(doc.get("plugins"), issues, refused)
+    profile = _read_profiles(doc.get("schedulingProfiles"), plugins, refused, issues, notes)
+    _check_data_layer(doc.get("dataLayer"), plugins, refused, issues)
+    _check_request_handler(doc.get("requestHandler"), plugins, refused, issues)
     _check_saturation_detector(doc.get("saturationDetector"), plugins, issues)
-    return _assemble(plugins, profile, issues, notes)
+    data = _assemble(plugins, profile, issues, notes)
+    explain += [_explain(plugin, profile) for plugin in plugins.values()]
+    return data
 
 
-def _check_gates(gates: object, issues: list[ConfigIssue]) -> None:
+def _explain(plugin: _Plugin, profile: _Profile) -> str:
+    """What one llm-d plugin became, for ``burstsched check --explain``."""
+    translated = plugin.translated
+    head = f"{plugin.llmd_type} {plugin.llmd_name!r}"
+    spec = translated.spec
+    if translated.role == "burst" and translated.admission is not None:
+        return f"{head}: burst admission (window {translated.admission['window_ms']:g} ms)"
+    if translated.role == "handler":
+        return f"{head}: nothing: burstsched runs the one profile it routes by"
+    if translated.role == "role-filter":
+        if translated.stage == "decode":
+            return (
+                f"{head}: nothing: burstsched endpoints carry no {ROLE_LABEL} label, and llm-d's "
+                "decode-filter keeps pods without one"
+            )
+        return (
+            f"{head}: keeps only {ROLE_LABEL} {translated.stage} endpoints: none (burstsched's carry no role)"
+        )
+    if spec is None:
+        return f"{head}: {translated.explain or 'nothing'}"
+    listed = plugin.llmd_name in profile.listed or translated.role == "producer"
+    where = "" if listed else " (in no scheduling profile that routes: not used)"
+    text = f"{head}: {spec.type}"
+    if spec.name not in (None, spec.type):
+        text += f" {spec.name!r}"
+    if spec.parameters:
+        text += " {" + ", ".join(f"{k}: {v}" for k, v in spec.parameters.items()) + "}"
+    return text + where
+
+
+def _check_gates(gates: object, flow_control: bool, issues: list[ConfigIssue]) -> None:
     if gates is None:
         return
     if not isinstance(gates, list):
@@ -166,15 +214,18 @@ def _check_gates(gates: object, issues: list[ConfigIssue]) -> None:
         name, _, value = gate.partition("=")
         if value.lower() == "false" or name in _HARMLESS_GATES:
             continue
+        if name == "flowControl":
+            if not flow_control:  # else the flowControl section says it, once
+                issues.append(ConfigIssue(f"featureGates[{i}]", _FLOW_CONTROL))
+            continue
         issues.append(ConfigIssue(f"featureGates[{i}]", f"not supported: burstsched has no feature {name!r}"))
 
 
-def _translate_plugins(raw: object, issues: list[ConfigIssue]) -> dict[str, _Plugin]:
+def _translate_plugins(raw: object, issues: list[ConfigIssue], refused: set[str]) -> dict[str, _Plugin]:
     plugins: dict[str, _Plugin] = {}
     if not isinstance(raw, list) or not raw:
         issues.append(ConfigIssue("plugins", "must be a non-empty list of plugins"))
         return plugins
-    known = ", ".join(sorted(TRANSLATORS))
     for i, entry in enumerate(raw):
         path = f"plugins[{i}]"
         if not isinstance(entry, Mapping):
@@ -193,9 +244,11 @@ def _translate_plugins(raw: object, issues: list[ConfigIssue]) -> dict[str, _Plu
         llmd_name = name if name is not None else llmd_type
         translator = TRANSLATORS.get(llmd_type)
         if translator is None:
+            refused.add(llmd_name)  # references to it say nothing more
             issues.append(
                 ConfigIssue(
-                    f"{path}.type", f"llm-d plugin type {llmd_type!r} is not supported (supported: {known})"
+                    f"{path}.type",
+                    f"llm-d plugin type {llmd_type!r} is not supported by burstsched (README: llm-d configs)",
                 )
             )
             continue
@@ -213,39 +266,132 @@ def _translate_plugins(raw: object, issues: list[ConfigIssue]) -> dict[str, _Plu
     return plugins
 
 
-def _read_profile(raw: object, plugins: dict[str, _Plugin], issues: list[ConfigIssue]) -> _Profile:
-    profile = _Profile()
-    if not isinstance(raw, list) or not raw:
-        issues.append(ConfigIssue("schedulingProfiles", "must be a list of one scheduling profile"))
-        return profile
+def _read_profiles(
+    raw: object, plugins: dict[str, _Plugin], refused: set[str], issues: list[ConfigIssue], notes: list[str]
+) -> _Profile:
+    """The profile burstsched routes by: the only one, or the decode profile of a disagg handler."""
+    if raw is None or raw == []:
+        names = [n for n, p in plugins.items() if p.translated.role in _PROFILE_ROLES]
+        notes.append(
+            "schedulingProfiles: missing; llm-d's default applies: one profile 'default' with every filter, "
+            f"scorer and picker configured ({', '.join(names) or 'none'}), each scorer weighing 1"
+        )
+        raw = [{"name": "default", "plugins": [{"pluginRef": n} for n in names]}]
+    if not isinstance(raw, list):
+        issues.append(ConfigIssue("schedulingProfiles", "must be a list of scheduling profiles"))
+        return _Profile()
+    names_at: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, Mapping):
+            issues.append(ConfigIssue(f"schedulingProfiles[{i}]", "must be a mapping with name and plugins"))
+            return _Profile()
+        name = entry.get("name")
+        if isinstance(name, str):
+            names_at.setdefault(name, i)
+    primary = 0
+    handler: dict[str, str] | None = None
     if len(raw) > 1:
+        handlers = [p for p in plugins.values() if p.translated.role == "handler"]
+        handler = handlers[0].translated.handler if handlers else None
+        if not handler:
+            issues.append(
+                ConfigIssue(
+                    "schedulingProfiles",
+                    "several scheduling profiles need a disagg-profile-handler (with a "
+                    "single-profile-handler or none, llm-d runs one)",
+                )
+            )
+        elif handler["decode"] not in names_at:
+            issues.append(
+                ConfigIssue(
+                    "schedulingProfiles",
+                    f"no profile named {handler['decode']!r}: the disagg-profile-handler's decode profile",
+                )
+            )
+            return _Profile()
+        else:
+            primary = names_at[handler["decode"]]
+    profile = _Profile()
+    _read_entry(primary, raw[primary], plugins, refused, profile, issues)
+    for stage in sorted(profile.stages - {"decode"}):
         issues.append(
             ConfigIssue(
-                "schedulingProfiles[1]",
-                "not supported: burstsched runs one scheduling profile (several need a profile handler, e.g. "
-                "prefill/decode disaggregation)",
+                f"schedulingProfiles[{primary}].plugins",
+                f"not supported: {stage}-filter in the profile that routes keeps no endpoint: burstsched "
+                f"endpoints carry no {ROLE_LABEL} label (disaggregated serving is not built)",
             )
         )
-    entry = raw[0]
-    if not isinstance(entry, Mapping):
-        issues.append(ConfigIssue("schedulingProfiles[0]", "must be a mapping with name and plugins"))
-        return profile
-    for key in entry:
-        if key not in ("name", "plugins"):
-            issues.append(ConfigIssue(f"schedulingProfiles[0].{key}", "unknown field"))
-    refs = entry.get("plugins")
-    if not isinstance(refs, list):
-        issues.append(ConfigIssue("schedulingProfiles[0].plugins", "must be a list of plugin references"))
-        return profile
-    for j, ref in enumerate(refs):
-        _read_ref(j, ref, plugins, profile, issues)
+    if handler:
+        _read_stages(raw, primary, handler, names_at, plugins, refused, issues, notes)
     return profile
 
 
-def _read_ref(
-    j: int, ref: object, plugins: dict[str, _Plugin], profile: _Profile, issues: list[ConfigIssue]
+def _read_stages(
+    raw: list[Any],
+    primary: int,
+    handler: dict[str, str],
+    names_at: dict[str, int],
+    plugins: dict[str, _Plugin],
+    refused: set[str],
+    issues: list[ConfigIssue],
+    notes: list[str],
 ) -> None:
-    path = f"schedulingProfiles[0].plugins[{j}]"
+    """The disagg handler's other profiles: checked, and run only on endpoints of their role (none here)."""
+    for i, entry in enumerate(raw):
+        if i == primary:
+            continue
+        stage_profile = _Profile()
+        _read_entry(i, entry, plugins, refused, stage_profile, issues)
+        name = entry.get("name")
+        stage = next((s for s in ("prefill", "encode") if handler.get(s) == name), None)
+        if stage is None or f"{stage}_decider" not in handler:
+            notes.append(
+                f"scheduling profile {name!r} is never run (llm-d's disagg-profile-handler skips it too)"
+            )
+        elif stage not in stage_profile.stages:
+            issues.append(
+                ConfigIssue(
+                    f"schedulingProfiles[{i}]",
+                    f"not supported: disaggregated serving: profile {name!r} would run the {stage} stage on "
+                    f"endpoints of any role (it has no {stage}-filter)",
+                )
+            )
+        else:
+            notes.append(
+                f"disagg-profile-handler: routes by profile {handler['decode']!r}; profile {name!r} keeps "
+                f"only endpoints with {ROLE_LABEL} {stage} and burstsched endpoints carry no role, so the "
+                f"{stage} "
+                "stage never runs, as in llm-d with such a pool (disaggregated serving is not built)"
+            )
+
+
+def _read_entry(
+    i: int,
+    entry: Mapping[str, Any],
+    plugins: dict[str, _Plugin],
+    refused: set[str],
+    profile: _Profile,
+    issues: list[ConfigIssue],
+) -> None:
+    for key in entry:
+        if key not in ("name", "plugins"):
+            issues.append(ConfigIssue(f"schedulingProfiles[{i}].{key}", "unknown field"))
+    refs = entry.get("plugins")
+    if not isinstance(refs, list):
+        issues.append(ConfigIssue(f"schedulingProfiles[{i}].plugins", "must be a list of plugin references"))
+        return
+    for j, ref in enumerate(refs):
+        _read_ref(f"schedulingProfiles[{i}].plugins[{j}]", ref, plugins, refused, profile, issues)
+
+
+def _read_ref(
+    path: str,
+    ref: object,
+    plugins: dict[str, _Plugin],
+    refused: set[str],
+    profile: _Profile,
+    issues: list[ConfigIssue],
+) -> None:
     if not isinstance(ref, Mapping):
         issues.append(ConfigIssue(path, "must be a mapping with pluginRef and an optional weight"))
         return
@@ -253,6 +399,8 @@ def _read_ref(
         if key not in ("pluginRef", "weight"):
             issues.append(ConfigIssue(f"{path}.{key}", "unknown field"))
     name, weight = ref.get("pluginRef"), ref.get("weight")
+    if isinstance(name, str) and name in refused:
+        return  # its own line says why
     plugin = plugins.get(name) if isinstance(name, str) else None
     if plugin is None:
         configured = ", ".join(sorted(plugins)) or "none"
@@ -272,7 +420,9 @@ def _read_ref(
         )
         return
     spec = plugin.translated.spec
-    if role == "scorer" and spec is not None:
+    if role == "role-filter" and plugin.translated.stage is not None:
+        profile.stages.add(plugin.translated.stage)
+    elif role == "scorer" and spec is not None:
         profile.scorers.append((spec.instance_name, None if weight is None else float(weight)))
     elif role == "detector" and spec is not None:
         profile.filters.append(spec.instance_name)
@@ -280,6 +430,73 @@ def _read_ref(
         if profile.picker is not None:
             issues.append(ConfigIssue(f"{path}.pluginRef", "a scheduling profile has one picker"))
         profile.picker = spec.instance_name
+
+
+def _check_data_layer(
+    raw: object, plugins: dict[str, _Plugin], refused: set[str], issues: list[ConfigIssue]
+) -> None:
+    """``dataLayer.sources[].extractors[]``: burstsched does what they ask by itself; each must exist."""
+    if raw is None:
+        return
+    if not isinstance(raw, Mapping):
+        issues.append(ConfigIssue("dataLayer", "must be a mapping with sources"))
+        return
+    for key in raw:
+        if key != "sources":
+            issues.append(
+                ConfigIssue(
+                    f"dataLayer.{key}", "not supported: burstsched's endpoints come from its discovery"
+                )
+            )
+    sources = raw.get("sources", [])
+    if not isinstance(sources, list):
+        issues.append(ConfigIssue("dataLayer.sources", "must be a list of {pluginRef, extractors}"))
+        return
+    for i, source in enumerate(sources):
+        path = f"dataLayer.sources[{i}]"
+        if not isinstance(source, Mapping) or any(k not in ("pluginRef", "extractors") for k in source):
+            issues.append(ConfigIssue(path, "must be a mapping with pluginRef and extractors"))
+            continue
+        _check_layer_ref(f"{path}.pluginRef", source.get("pluginRef"), ("source",), plugins, refused, issues)
+        extractors = source.get("extractors", [])
+        if not isinstance(extractors, list):
+            issues.append(ConfigIssue(f"{path}.extractors", "must be a list of {pluginRef}"))
+            continue
+        for j, extractor in enumerate(extractors):
+            ref = extractor.get("pluginRef") if isinstance(extractor, Mapping) else None
+            roles = ("extractor", "producer")  # the precise producer reads endpoint notifications
+            _check_layer_ref(f"{path}.extractors[{j}].pluginRef", ref, roles, plugins, refused, issues)
+
+
+def _check_request_handler(
+    raw: object, plugins: dict[str, _Plugin], refused: set[str], issues: list[ConfigIssue]
+) -> None:
+    if raw is None:
+        return
+    parsers = raw.get("parsers") if isinstance(raw, Mapping) else None
+    if not isinstance(raw, Mapping) or any(k != "parsers" for k in raw) or not isinstance(parsers, list):
+        issues.append(ConfigIssue("requestHandler", "expected {parsers: [{pluginRef: NAME}, ...]}"))
+        return
+    for i, parser in enumerate(parsers):
+        ref = parser.get("pluginRef") if isinstance(parser, Mapping) else None
+        _check_layer_ref(f"requestHandler.parsers[{i}].pluginRef", ref, ("parser",), plugins, refused, issues)
+
+
+def _check_layer_ref(
+    path: str,
+    ref: object,
+    roles: tuple[str, ...],
+    plugins: dict[str, _Plugin],
+    refused: set[str],
+    issues: list[ConfigIssue],
+) -> None:
+    if isinstance(ref, str) and ref in refused:
+        return
+    plugin = plugins.get(ref) if isinstance(ref, str) else None
+    if plugin is None:
+        issues.append(ConfigIssue(path, f"unknown plugin {ref!r}"))
+    elif plugin.translated.role not in roles:
+        issues.append(ConfigIssue(path, f"{plugin.llmd_type} {plugin.llmd_name!r} is not a {roles[0]}"))
 
 
 def _check_saturation_detector(raw: object, plugins: dict[str, _Plugin], issues: list[ConfigIssue]) -> None:
@@ -372,6 +589,9 @@ def _assemble(
     refs += [{"plugin_ref": name, "weight": weight} for name, weight in profile.scorers]
     data["plugins"] = [spec.model_dump(exclude_none=True) for spec in specs.values()]
     data["profile"] = {"plugins": refs, "picker": picker}
+    tokenizers = by_role.get("tokenizer", [])
+    if tokenizers and tokenizers[0].translated.tokenizer is not None:
+        data["tokenizer"] = tokenizers[0].translated.tokenizer
     if bursts:
         data["admission"] = bursts[0].translated.admission
         notes.append(

@@ -38,7 +38,23 @@ from burstsched.config.admission import AdmissionConfig
 from burstsched.config.llmd_params import Params
 from burstsched.config.models import PluginSpec
 
-Role = Literal["producer", "burst", "filter", "scorer", "picker", "detector", "handler"]
+Role = Literal[
+    "producer",
+    "burst",
+    "filter",
+    "scorer",
+    "picker",
+    "detector",
+    "handler",
+    "role-filter",
+    "decider",
+    "source",
+    "extractor",
+    "parser",
+    "tokenizer",
+    "nothing",
+]
+ROLE_LABEL = "llm-d.ai/role"
 
 DEFAULT_BLOCK_TOKENS = 64  # llm-d's effective approximate block size (its floor)
 _APPROX_MAX_TOKENS = 131072  # llm-d's default maxPrefixTokensToMatch
@@ -60,6 +76,10 @@ class Translated:
     staleness_ms: float | None = None
     saturation: dict[str, Any] | None = None
     producer_ref: str | None = None
+    explain: str = ""  # what it became, when it became no burstsched plugin
+    tokenizer: dict[str, Any] | None = None
+    stage: str | None = None  # role filters: the llm-d.ai/role stage they keep (decode, prefill, encode)
+    handler: dict[str, str] | None = None  # profile handlers: profile names and decider plugin names
 
 
 Translator = Callable[[str, Params], Translated]
@@ -129,7 +149,7 @@ def _precise_producer(name: str, p: Params) -> Translated:
         "burstsched subscribes to each replica's own publisher (discoverPods: true), not to one socket the "
         "replicas connect to",
     )
-    if not events.flag("discoverPods", False):
+    if not events.flag("discoverPods", True):  # llm-d's default
         events.issue(
             "discoverPods",
             "must be true: burstsched subscribes to each replica's own publisher "
@@ -156,13 +176,9 @@ def _burst_producer(name: str, p: Params) -> Translated:
         p.issue("maxPerReplica", "must be -1 (unlimited) or at least 1, got 0")
     block_tokens = p.integer("blockSizeTokens", DEFAULT_BLOCK_TOKENS, minimum=1, maximum=4096)
     max_tokens = p.integer("maxPrefixTokensToMatch", 0, minimum=0)
+    # 0 (llm-d's default) groups only the samples of one prompt; burstsched's groups need at least one
+    # shared leading block, which every sample of one prompt has.
     shared = p.integer("minColocateBlocks", 0, minimum=0)
-    if shared == 0:
-        p.issue(
-            "minColocateBlocks",
-            "must be at least 1: burstsched groups requests that share at least this many leading blocks; "
-            "llm-d's 0 (identical prompts only) has no equivalent",
-        )
     hashing = {"block_tokens": block_tokens}
     if max_tokens > 0:
         if max_tokens < block_tokens:
@@ -228,9 +244,116 @@ def _utilization_detector(name: str, p: Params) -> Translated:
     return Translated("detector", spec, staleness_ms=staleness_ms, saturation=saturation)
 
 
-def _nothing(role: Role) -> Translator:
+def _role_filter(stage: str) -> Translator:
     def translate(name: str, p: Params) -> Translated:
-        return Translated(role)
+        return Translated("role-filter", stage=stage)
+
+    return translate
+
+
+def _disagg_handler(name: str, p: Params) -> Translated:
+    profiles = p.nested("profiles")
+    handler = {stage: profiles.text(stage, stage, choices=None) for stage in ("decode", "prefill", "encode")}
+    profiles.finish()
+    deciders = p.nested("deciders")
+    for stage in ("prefill", "encode"):
+        decider = deciders.text(stage, "")
+        if decider:
+            handler[f"{stage}_decider"] = decider
+    deciders.finish()
+    legacy = p.text("deciderPluginName", "")  # the deprecated pd-profile-handler's spelling
+    if legacy:
+        handler.setdefault("prefill_decider", legacy)
+    p.text("stageOrder", "decode-first", choices=("decode-first", "prefill-first"))
+    return Translated("handler", handler=handler)
+
+
+def _single_handler(name: str, p: Params) -> Translated:
+    return Translated("handler", handler={})
+
+
+def _decider(name: str, p: Params) -> Translated:
+    p.integer("nonCachedTokens", 0, minimum=0)
+    return Translated(
+        "decider", explain="a disaggregation decider: never asked, no endpoint has a prefill role"
+    )
+
+
+def _metrics_source(name: str, p: Params) -> Translated:
+    p.text("scheme", "http", choices=("http", "https"))
+    p.text("path", "/metrics", choices=("/metrics",))
+    p.flag("insecureSkipVerify", True)
+    return Translated(
+        "source",
+        explain="nothing: burstsched scrapes each replica's /metrics itself (pool.scrape_interval_ms)",
+    )
+
+
+def _metrics_extractor(name: str, p: Params) -> Translated:
+    p.text("defaultEngine", "vllm", choices=("vllm",))
+    return Translated(
+        "extractor", explain="nothing: burstsched reads vLLM's queue and KV-cache metrics from each scrape"
+    )
+
+
+def _notification_source(name: str, p: Params) -> Translated:
+    return Translated(
+        "source",
+        explain="nothing: burstsched tells its precise index of each endpoint joining and leaving itself",
+    )
+
+
+def _parser(name: str, p: Params) -> Translated:
+    return Translated(
+        "parser", explain="nothing: burstsched parses OpenAI chat and completions requests itself"
+    )
+
+
+def _token_producer(name: str, p: Params) -> Translated:
+    p.text("modelName", "")
+    vllm = p.nested("vllm")
+    vllm.text("url", "http://localhost:8000")
+    timeout_ms = vllm.duration_ms("timeout", 5000.0)
+    vllm.duration_ms("mmTimeout", 30000.0)
+    vllm.finish()
+    p.refuse("udsTokenizerConfig", "burstsched tokenizes in the router (tokenizer.path) or through a replica")
+    p.refuse("estimate", "burstsched routes text prompts; multimodal token estimates have no equivalent")
+    return Translated(
+        "tokenizer",
+        tokenizer={"source": "remote", "timeout_ms": timeout_ms},
+        explain="burstsched's tokenizer (tokenizer.source remote: each replica's /tokenize, not vllm.url)",
+    )
+
+
+def _no_hit_lru(name: str, p: Params) -> Translated:
+    p.text("prefixPluginType", "prefix-cache-scorer")
+    p.text("prefixPluginName", "prefix-cache-scorer")
+    p.text("prefixMatchInfoProducerName", "")
+    size = p.integer("lruSize", 1024, minimum=1)
+    return Translated(
+        "scorer", PluginSpec(type="no-hit-lru-scorer", name=name, parameters={"lru_size": size})
+    )
+
+
+def _active_request(name: str, p: Params) -> Translated:
+    idle = p.integer("idleThreshold", 0, minimum=0)
+    busy = p.number("maxBusyScore", 1.0, minimum=0.0, maximum=1.0)
+    p.accept("requestTimeout")  # deprecated and ignored by llm-d too
+    parameters = {"idle_threshold": idle, "max_busy_score": busy}
+    return Translated("scorer", PluginSpec(type="active-request-scorer", name=name, parameters=parameters))
+
+
+def _load_aware(name: str, p: Params) -> Translated:
+    threshold = p.integer("threshold", 128)
+    if threshold <= 0:  # llm-d replaces a non-positive threshold with its default
+        threshold = 128
+    spec = PluginSpec(type="load-aware-scorer", name=name, parameters={"threshold": threshold})
+    return Translated("scorer", spec)
+
+
+def _nothing_because(role: Role, why: str) -> Translator:
+    def translate(name: str, p: Params) -> Translated:
+        return Translated(role, explain=why)
 
     return translate
 
@@ -246,7 +369,27 @@ TRANSLATORS: dict[str, Translator] = {
     "random-picker": _picker("random-picker"),
     "weighted-random-picker": _picker("weighted-random-picker"),
     "utilization-detector": _utilization_detector,
-    "single-profile-handler": _nothing("handler"),
+    "single-profile-handler": _single_handler,
+    "disagg-profile-handler": _disagg_handler,
+    "decode-filter": _role_filter("decode"),
+    "prefill-filter": _role_filter("prefill"),
+    "encode-filter": _role_filter("encode"),
+    "prefix-based-pd-decider": _decider,
+    "always-disagg-pd-decider": _decider,
+    "always-disagg-multimodal-decider": _decider,
+    "disagg-headers-handler": _nothing_because(
+        "nothing", "nothing: it sets the prefill header of a disaggregated request; none is disaggregated"
+    ),
+    "metrics-data-source": _metrics_source,
+    "core-metrics-extractor": _metrics_extractor,
+    "endpoint-notification-source": _notification_source,
+    "openai-parser": _parser,
+    "vllmhttp-parser": _parser,
+    "token-producer": _token_producer,
+    "tokenizer": _token_producer,
+    "no-hit-lru-scorer": _no_hit_lru,
+    "active-request-scorer": _active_request,
+    "load-aware-scorer": _load_aware,
 }
 """llm-d plugin type → its translation."""
 
@@ -260,5 +403,8 @@ BURSTSCHED_TYPES: dict[str, str] = {
     "random-picker": "random-picker",
     "weighted-random-picker": "weighted-random-picker",
     "utilization-detector": "saturation-filter",
+    "no-hit-lru-scorer": "no-hit-lru-scorer",
+    "active-request-scorer": "active-request-scorer",
+    "load-aware-scorer": "load-aware-scorer",
 }
 """llm-d plugin type → the burstsched plugin type it becomes (types that become a plugin only)."""

@@ -445,11 +445,6 @@ _PICKER_ONLY = "schedulingProfiles: [{name: default, plugins: [{pluginRef: max-s
             ["duration"],
         ),
         (
-            "- {type: burst-prefix-cache-producer}",
-            "plugins[0].parameters.minColocateBlocks",
-            ["burst-prefix-cache-producer", "at least 1"],
-        ),
-        (
             "- {type: utilization-detector, parameters: {stalenessPolicy: ignore}}",
             "plugins[0].parameters.stalenessPolicy",
             ["utilization-detector"],
@@ -473,7 +468,7 @@ def test_refusals_name_the_plugin_and_the_parameter(plugins: str, path: str, wor
     ("extra", "path"),
     [
         ("flowControl: {maxRequests: 100}\n", "flowControl"),
-        ("dataLayer: {sources: []}\n", "dataLayer"),
+        ("dataLayer: {discovery: {}}\n", "dataLayer.discovery"),
         ("featureGates: [flowControl]\n", "featureGates[0]"),
         ("metadata: {name: x}\n", "metadata"),
     ],
@@ -512,7 +507,7 @@ def test_profile_shape_refusals() -> None:
         """)
     )
     assert "not supported" in issues["plugins[1].type"]  # a second prefix-cache producer
-    assert "schedulingProfiles[1]" in issues
+    assert "disagg-profile-handler" in issues["schedulingProfiles"]
     assert "at least 0" in issues["schedulingProfiles[0].plugins[0].weight"]
     assert "not a scorer" in issues["schedulingProfiles[0].plugins[1].weight"]
     assert "one picker" in issues["schedulingProfiles[0].plugins[3].pluginRef"]
