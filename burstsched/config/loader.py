@@ -75,6 +75,7 @@ class LoadedConfig:
     config: RouterConfig
     origin: str = "burstsched format"
     notes: tuple[str, ...] = ()
+    explain: tuple[str, ...] = ()  # llm-d files: what each llm-d plugin became
 
 
 def parse_config_document(text: str, *, source: str | None = None) -> LoadedConfig:
@@ -88,7 +89,8 @@ def parse_config_document(text: str, *, source: str | None = None) -> LoadedConf
     if any(is_kubernetes_document(doc) for doc in documents):
         translation = translate_llmd(documents, source=source)
         origin = f"llm-d EndpointPickerConfig {translation.api_version}, translated"
-        return LoadedConfig(_checked(translation.config, source), origin, translation.notes)
+        config = _checked(translation.config, source)
+        return LoadedConfig(config, origin, translation.notes, translation.explain)
     if len(documents) > 1:
         message = "a burstsched configuration is one YAML document (several: llm-d's EndpointPickerConfig)"
         raise ConfigError([ConfigIssue("", message)], source)
@@ -110,7 +112,7 @@ def read_config(path: str | Path, *, endpoints: Sequence[EndpointConfig] | None 
     loaded = parse_config_document(text, source=str(path))
     if endpoints:
         config = _checked(loaded.config.with_endpoints(list(endpoints)), "(command line endpoints)")
-        loaded = LoadedConfig(config, loaded.origin, loaded.notes)
+        loaded = LoadedConfig(config, loaded.origin, loaded.notes, loaded.explain)
     return loaded
 
 

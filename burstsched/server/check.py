@@ -34,14 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a YAML config (burstsched's or llm-d's EndpointPickerConfig); repeat to check several",
     )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="for an llm-d file, also print what each llm-d plugin became (or why it is ignored)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     paths: list[Path] = args.config
-    return check_files(paths, out=sys.stdout, err=sys.stderr)
+    return check_files(paths, out=sys.stdout, err=sys.stderr, explain=bool(args.explain))
 
 
-def check_files(paths: list[Path], *, out: TextIO, err: TextIO) -> int:
+def check_files(paths: list[Path], *, out: TextIO, err: TextIO, explain: bool = False) -> int:
     """Check each file; print each verdict; the worst exit status."""
     try:
         registry = PluginRegistry.discover()
@@ -64,6 +69,10 @@ def check_files(paths: list[Path], *, out: TextIO, err: TextIO) -> int:
             status = max(status, EXIT_INVALID)
             continue
         print(summarize(path, loaded, scheduler), file=out)
+        if explain and loaded.explain:
+            print("  llm-d plugins:", file=out)
+            for line in loaded.explain:
+                print(f"    {line}", file=out)
     return status
 
 

@@ -7,8 +7,8 @@ from that file: ``whole`` (the file is the config), ``values: KEY`` (a Helm valu
 ``pluginsCustomConfig`` holds it under ``KEY``) or ``chart: KEY`` (the router chart's config template,
 rendered with the chart's default values). For every repository given, each of its entries is read again at
 the checkout's ``HEAD`` (``--rev`` to choose another revision), written with a header naming its source,
-and its commit recorded; entries of repositories not given are left as they are. Expected outcomes are kept: run the
-corpus test afterwards, and where an outcome changed, update it in ``corpus.yaml`` after reading why.
+and its commit recorded; entries of repositories not given are left as they are. Expected outcomes are kept:
+run the corpus test afterwards, and where an outcome changed, update it in ``corpus.yaml`` after reading why.
 ``PATH`` may be a work tree or a bare repository.
 """
 
