@@ -26,6 +26,7 @@ class Subcommand(Protocol):
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("burstsched.sim.cli", "run one simulated vLLM replica"),
     "serve": ("burstsched.server.serve", "run the scheduler in front of a vLLM pool"),
+    "epp": ("burstsched.epp.cli", "run the scheduler as a gateway's endpoint picker (Envoy ext_proc)"),
     "demo": ("burstsched.workloads.demo", "run the seed experiment on a 2-replica pool and print its table"),
     "check": ("burstsched.server.check", "validate config files offline (burstsched's or llm-d's)"),
     "replay": ("burstsched.replay.cli", "replay a recorded trace on a simulated pool through router configs"),

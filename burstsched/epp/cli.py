@@ -1,0 +1,100 @@
+"""``burstsched epp``: serve the router as a gateway's endpoint picker (Envoy ext_proc over gRPC).
+
+The config and its command-line overrides are read as ``burstsched serve`` reads them. The process serves
+until SIGTERM or SIGINT, then stops taking streams and gives those in flight ``--grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+
+from burstsched.config import ConfigError, RouterConfig
+from burstsched.epp.service import Tls, running_epp
+from burstsched.server.reload import config_source
+
+DEFAULT_CONFIG = Path("config") / "default.yaml"
+DEFAULT_PORT = 9002
+"""The port gateways' InferencePool ``endpointPickerRef`` uses by default."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, default=DEFAULT_CONFIG, help="YAML config (default: %(default)s)"
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="gRPC port: ext_proc and health (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL",
+        help="a replica's base URL, optionally named; repeat for each; replaces the config's endpoints",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="PATH|remote",
+        help="token ids for the precise prefix producer, as for burstsched serve",
+    )
+    parser.add_argument(
+        "--fallbacks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also name the N next-best endpoints after the pick, comma-separated, in the destination header "
+        "and metadata (default: %(default)s; an original_dst cluster needs 0, it reads one IP:PORT)",
+    )
+    parser.add_argument("--cert", type=Path, help="TLS certificate chain (PEM); with --key, serve TLS")
+    parser.add_argument("--key", type=Path, help="TLS private key (PEM)")
+    parser.add_argument(
+        "--grace", type=float, default=5.0, metavar="S", help="seconds for streams in flight at shutdown"
+    )
+    parser.add_argument("--log-level", default="warning", help="log level (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    source = config_source(args.config, endpoints=args.endpoint, tokenizer=args.tokenizer)
+    try:
+        config = source()
+    except ConfigError as exc:
+        print(f"burstsched epp: {exc}", file=sys.stderr)
+        return 2
+    if not config.endpoints and config.discovery.kind == "static" and config.pool.selector is None:
+        print("burstsched epp: no endpoints (give --endpoint or list them in the config)", file=sys.stderr)
+        return 2
+    if (args.cert is None) != (args.key is None):
+        print("burstsched epp: give both --cert and --key, or neither", file=sys.stderr)
+        return 2
+    if args.fallbacks < 0:
+        print("burstsched epp: --fallbacks must be 0 or more", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    tls = Tls(args.cert, args.key) if args.cert is not None and args.key is not None else None
+    try:
+        anyio.run(_serve, config, args, tls)  # asyncio's own loop: grpc.aio does not support uvloop
+    except OSError as exc:
+        print(f"burstsched epp: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with running_epp(
+            config, host=args.host, port=args.port, fallbacks=args.fallbacks, tls=tls, grace_s=args.grace
+        ) as epp:
+            gc.collect()
+            gc.freeze()  # as serve does: the objects alive now stay out of the collector's walks
+            logging.getLogger(__name__).warning("burstsched epp: serving ext_proc on %s", epp.target)
+            async for _ in signals:
+                return

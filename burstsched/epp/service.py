@@ -1,0 +1,132 @@
+"""The picker's gRPC server: Envoy's ``ExternalProcessor`` service and the gRPC health services.
+
+The router is assembled exactly as ``burstsched serve`` assembles it (the app's lifespan in
+:mod:`burstsched.front.app`: pool, discovery, scheduler, admission, index, metrics); the HTTP routes are not
+served, only the lifespan runs. Health (the gRPC health checking protocol, on the same port): ``liveness``
+and the overall service ``""`` serve as soon as the server runs; ``readiness`` and
+``envoy.service.ext_proc.v3.ExternalProcessor`` once the pool has been checked, and until shutdown.
+
+In tests::
+
+    async with running_epp(config) as epp:       # 127.0.0.1, a free port, the current event loop
+        epp.port, epp.router.pool
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterable, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from burstsched.config import RouterConfig
+from burstsched.epp.pb.ext_proc_pb2 import ProcessingRequest, ProcessingResponse
+from burstsched.epp.picker import Picker
+from burstsched.epp.session import Session
+from burstsched.framework import PluginRegistry
+from burstsched.front.app import Router, create_app
+
+log = logging.getLogger(__name__)
+
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+"""Envoy's service name: the method path is ``/envoy.service.ext_proc.v3.ExternalProcessor/Process``."""
+LIVENESS = "liveness"
+READINESS = "readiness"
+_MESSAGE_SLACK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """The server's certificate chain and key (PEM files)."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class RunningEpp:
+    """A picker serving on ``host:port``; ``router`` holds the live pool, scheduler and metrics."""
+
+    host: str
+    port: int
+    router: Router
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class ExternalProcessor:
+    """Envoy's ``Process`` method: one :class:`Session` per stream."""
+
+    def __init__(self, router: Router, picker: Picker) -> None:
+        self._router = router
+        self._picker = picker
+
+    async def process(
+        self, requests: AsyncIterable[ProcessingRequest], context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[ProcessingResponse]:
+        async for answer in Session(self._router, self._picker).run(requests):
+            yield answer
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        method = grpc.stream_stream_rpc_method_handler(
+            self.process,
+            request_deserializer=ProcessingRequest.FromString,
+            response_serializer=ProcessingResponse.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(SERVICE, {"Process": method})
+
+
+@asynccontextmanager
+async def running_epp(
+    config: RouterConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    fallbacks: int = 0,
+    tls: Tls | None = None,
+    registry: PluginRegistry | None = None,
+    rng: random.Random | None = None,
+    grace_s: float = 5.0,
+) -> AsyncIterator[RunningEpp]:
+    """Assemble the router, serve the picker on ``host:port`` (0: a free port) until the block ends."""
+    app = create_app(config, registry=registry, rng=rng)
+    async with app.router.lifespan_context(app):
+        router: Router = app.state.router
+        health = HealthServicer()
+        for name in (LIVENESS, ""):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        for name in (READINESS, SERVICE):
+            await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        max_message = config.limits.max_body_bytes + _MESSAGE_SLACK  # BUFFERED sends the body in one message
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", max_message),
+                ("grpc.max_send_message_length", max_message),
+            ]
+        )
+        server.add_generic_rpc_handlers(
+            [ExternalProcessor(router, Picker(router, fallbacks=fallbacks, rng=rng)).handler()]
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
+            bound = server.add_secure_port(address, credentials)
+        await server.start()
+        try:
+            for name in (READINESS, SERVICE):
+                await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            yield RunningEpp(host, bound, router)
+        finally:
+            await health.enter_graceful_shutdown()
+            await server.stop(grace_s)

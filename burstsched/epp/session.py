@@ -1,0 +1,195 @@
+"""One ext_proc stream: one HTTP request through the gateway, in the message order of its body mode.
+
+The gateway says its body modes in the first message (``protocol_config``; a gateway that does not is
+taken to be in ``FULL_DUPLEX_STREAMED``, as llm-d's picker assumes). The orders, gateway → picker and
+picker → gateway:
+
+``FULL_DUPLEX_STREAMED`` (request body): request headers (no answer yet); body chunks, gathered (no answer
+per chunk); at the chunk with ``end_of_stream`` (or the request trailers) the decision, then the answer to
+the headers (destination header, ``envoy.lb`` metadata, route cache cleared), then the whole body given back
+as streamed body responses of at most 62 000 bytes, the last with ``end_of_stream`` (then the trailers'
+answer, when the request had trailers). The gateway sends nothing upstream before the headers' answer.
+
+``BUFFERED`` (request body): request headers, answered at once (a client's destination header removed); the
+whole body in one message, answered with the destination as a header mutation of the body response (which
+``BUFFERED`` applies) and the ``envoy.lb`` metadata.
+
+A request without a body (``end_of_stream`` on its headers), and any other request body mode (``NONE``,
+``STREAMED``, ``BUFFERED_PARTIAL``), is decided on its headers alone: the least busy healthy endpoint.
+
+Response: the headers answered at once (naming the replica in ``x-burstsched-endpoint``); in
+``FULL_DUPLEX_STREAMED`` each body chunk is given back as it comes, as a streamed body response with the
+chunk's ``end_of_stream``; in ``BUFFERED`` or ``STREAMED`` each body message is let through unchanged;
+trailers are answered empty. With ``response_body_mode: NONE`` the gateway sends no body at all: the cheapest
+setting, at the cost described in :mod:`burstsched.epp.accounting`.
+
+A refusal (no endpoint, shed, a bad body) is an immediate response, after which the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
+
+from burstsched.epp import wire
+from burstsched.epp.accounting import Accounting
+from burstsched.epp.pb.ext_proc_pb2 import (
+    HttpBody,
+    HttpHeaders,
+    ProcessingMode,
+    ProcessingRequest,
+    ProcessingResponse,
+)
+from burstsched.epp.picker import Pick, Picker, Refusal
+from burstsched.front.app import Router
+
+log = logging.getLogger(__name__)
+
+BodyMode = ProcessingMode.BodySendMode
+FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
+BUFFERED = ProcessingMode.BUFFERED
+NONE = ProcessingMode.NONE
+
+
+class Session:
+    """The state of one stream; :meth:`run` turns the gateway's messages into the picker's answers."""
+
+    def __init__(self, router: Router, picker: Picker) -> None:
+        self._router = router
+        self._picker = picker
+        self._request_mode: BodyMode = FULL_DUPLEX
+        self._response_mode: BodyMode = FULL_DUPLEX
+        self._path = ""
+        self._headers: dict[str, str] = {}
+        self._subset: frozenset[str] | None = None
+        self._body: list[bytes] = []
+        self._decided = False
+        self._accounting: Accounting | None = None
+        self.refused = False
+
+    async def run(self, messages: AsyncIterable[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
+        try:
+            async for message in messages:
+                async for answer in self._answer(message):
+                    yield answer
+                if self.refused:
+                    return
+        except asyncio.CancelledError:
+            if self._accounting is not None:
+                self._accounting.finish("cancelled")
+            raise
+        finally:
+            if self._accounting is not None:
+                self._accounting.finish()
+
+    async def _answer(self, message: ProcessingRequest) -> AsyncIterator[ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            if message.HasField("protocol_config"):
+                self._request_mode = message.protocol_config.request_body_mode
+                self._response_mode = message.protocol_config.response_body_mode
+            async for answer in self._request_headers(message, message.request_headers):
+                yield answer
+        elif kind == "request_body":
+            async for answer in self._request_body(message.request_body):
+                yield answer
+        elif kind == "request_trailers":
+            if not self._decided:
+                async for answer in self._decide(end_of_stream=False):
+                    yield answer
+            yield wire.trailers(request=True)
+        elif kind == "response_headers":
+            for answer in self._response_headers(message.response_headers):
+                yield answer
+        elif kind == "response_body":
+            for answer in self._response_body(message.response_body):
+                yield answer
+        elif kind == "response_trailers":
+            yield wire.trailers(request=False)
+            if self._accounting is not None:
+                self._accounting.finish()
+
+    async def _request_headers(
+        self, message: ProcessingRequest, headers: HttpHeaders
+    ) -> AsyncIterator[ProcessingResponse]:
+        self._headers = wire.header_values(headers.headers)
+        self._path = self._headers.get(":path", "")
+        self._subset = wire.subset_hint(message)
+        if headers.end_of_stream or self._request_mode not in (FULL_DUPLEX, BUFFERED):
+            async for answer in self._decide(end_of_stream=True, with_body=False):
+                yield answer
+        elif self._request_mode == BUFFERED:
+            yield wire.request_headers(wire.stripping())
+
+    async def _request_body(self, body: HttpBody) -> AsyncIterator[ProcessingResponse]:
+        if self._decided:  # decided on the headers: the body goes on unchanged
+            if self._request_mode == FULL_DUPLEX:
+                for answer in wire.streamed(body.body, end_of_stream=body.end_of_stream, request=True):
+                    yield answer
+            else:
+                yield wire.body_passed(request=True)
+            return
+        self._body.append(body.body)
+        if body.end_of_stream or self._request_mode == BUFFERED:
+            async for answer in self._decide(end_of_stream=body.end_of_stream):
+                yield answer
+
+    async def _decide(
+        self, *, end_of_stream: bool, with_body: bool = True
+    ) -> AsyncIterator[ProcessingResponse]:
+        self._decided = True
+        body = b"".join(self._body) if with_body else None
+        self._body = []
+        outcome = await self._picker.pick(self._path, self._headers, body, self._subset)
+        if isinstance(outcome, Refusal):
+            self.refused = True
+            self._router.metrics.request_done(None, outcome.outcome)
+            yield wire.immediate(
+                outcome.status,
+                outcome.message,
+                headers=outcome.headers,
+                param=outcome.param,
+                code=outcome.code,
+            )
+            return
+        for answer in self._route(outcome, body, end_of_stream=end_of_stream):
+            yield answer
+
+    def _route(self, pick: Pick, body: bytes | None, *, end_of_stream: bool) -> Iterator[ProcessingResponse]:
+        self._accounting = Accounting(self._router, pick)
+        addresses = pick.addresses
+        metadata = wire.destination_metadata(addresses)
+        if body is not None and self._request_mode == BUFFERED:
+            yield wire.request_body(wire.routing(addresses), metadata)
+            return
+        yield wire.request_headers(wire.routing(addresses), metadata)
+        if body is not None:  # FULL_DUPLEX_STREAMED: the gathered body goes back to the gateway
+            yield from wire.streamed(body, end_of_stream=end_of_stream, request=True)
+
+    def _response_headers(self, headers: HttpHeaders) -> Iterator[ProcessingResponse]:
+        accounting = self._accounting
+        if accounting is not None:
+            status = _status(wire.header_values(headers.headers).get(":status", ""))
+            body_follows = not headers.end_of_stream and self._response_mode != NONE
+            accounting.response_head(status, body_follows=body_follows)
+        yield wire.response_headers(accounting.endpoint_name if accounting is not None else None)
+        if headers.end_of_stream and accounting is not None:
+            accounting.finish()
+
+    def _response_body(self, body: HttpBody) -> Iterator[ProcessingResponse]:
+        if self._accounting is not None:
+            self._accounting.response_body()
+        if self._response_mode == FULL_DUPLEX:
+            yield from wire.streamed(body.body, end_of_stream=body.end_of_stream, request=False)
+        else:
+            yield wire.body_passed(request=False)
+        if body.end_of_stream and self._accounting is not None:
+            self._accounting.finish()
+
+
+def _status(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0

@@ -1,0 +1,227 @@
+"""``burstsched epp`` behind a real Envoy (llm-d's standalone mode: ext_proc + an ORIGINAL_DST cluster that
+reads ``x-gateway-destination-endpoint``), in front of simulated replicas, all on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from burstsched.config import RouterConfig
+from burstsched.epp.service import RunningEpp, running_epp
+from burstsched.epp.wire import endpoint_address
+from burstsched.sim import SimPool
+from burstsched.wire.sse import data_payloads
+from tests.router.helpers import eventually, router_config
+
+from .envoy import DESTINATION, EnvoyMode, RunningEnvoy, envoy
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "kv-demo"
+FULL_DUPLEX = EnvoyMode()
+BUFFERED = EnvoyMode(request_body="BUFFERED", response_body="NONE")
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+
+def _config(sims: SimPool, yaml_name: str = "prefix-aware.yaml", **updates: object) -> RouterConfig:
+    pool = list(zip(sims.names, sims.urls, strict=True))[:2]
+    return router_config(pool, (REPO / "config" / yaml_name).read_text(), **updates)
+
+
+@asynccontextmanager
+async def gateway(
+    sims: SimPool, envoy_path: Path, workdir: Path, mode: EnvoyMode = FULL_DUPLEX, **config: object
+) -> AsyncIterator[tuple[RunningEpp, RunningEnvoy, httpx.AsyncClient]]:
+    async with running_epp(_config(sims, **config), rng=random.Random(3)) as epp:  # type: ignore[arg-type]
+        with envoy(envoy_path, epp.port, mode, workdir) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                yield epp, gw, client
+
+
+def _chat(content: str, **extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
+
+
+def _words(rng: random.Random, n_bytes: int) -> str:
+    words, size = [f"doc-{uuid.UUID(int=rng.getrandbits(128))}"], 0
+    while size < n_bytes:
+        words.append(f"observation{rng.randrange(10**9):09d}x{rng.randrange(10**6):06d}")
+        size += len(words[-1]) + 1
+    return " ".join(words)
+
+
+def _destinations(sims: SimPool, index: int) -> list[str]:
+    """The destination header each request recorded by replica ``index`` carried when it arrived."""
+    return [r.headers.get(DESTINATION, "") for r in sims.requests(index)]
+
+
+@pytest.mark.parametrize("mode", [FULL_DUPLEX, BUFFERED], ids=["full-duplex", "buffered"])
+async def test_chat_and_completions_streamed_and_not(
+    sims: SimPool, envoy_path: Path, workdir: Path, mode: EnvoyMode
+) -> None:
+    """Each API, streamed and whole, passes through intact; the replica named in the response got it, with
+    the picker's destination header naming itself and nothing else."""
+    async with gateway(sims, envoy_path, workdir, mode) as (_, _, client):
+        with anyio.fail_after(60):
+            whole = await client.post("/v1/chat/completions", json=_chat("Say something."))
+            assert whole.status_code == 200, whole.text
+            assert whole.json()["object"] == "chat.completion"
+            served = [whole.headers["x-burstsched-endpoint"]]
+            completion = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3}
+            )
+            assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+            served.append(completion.headers["x-burstsched-endpoint"])
+            for path, body in (
+                ("/v1/chat/completions", _chat("Stream it.", max_tokens=12, stream=True)),
+                ("/v1/completions", {"model": MODEL, "prompt": "Go", "max_tokens": 12, "stream": True}),
+            ):
+                async with client.stream("POST", path, json=body) as stream:
+                    assert stream.status_code == 200
+                    assert stream.headers["content-type"].startswith("text/event-stream")
+                    raw = await stream.aread()
+                    served.append(stream.headers["x-burstsched-endpoint"])
+                events = data_payloads(raw)
+                assert events[-1] == "[DONE]"
+                choices = [json.loads(e)["choices"][0] for e in events[:-1]]
+                assert choices[-1]["finish_reason"] == "length"
+                assert len(choices) >= 12  # 12 tokens (a chat stream opens with its role)
+    for index, name in enumerate(sims.names[:2]):
+        assert _destinations(sims, index) == [endpoint_address(sims.urls[index])] * served.count(name)
+    assert sims.requests(2) == []
+
+
+@pytest.mark.parametrize("mode", [FULL_DUPLEX, BUFFERED], ids=["full-duplex", "buffered"])
+async def test_a_200_kb_prompt_arrives_whole(
+    sims: SimPool, envoy_path: Path, workdir: Path, mode: EnvoyMode
+) -> None:
+    """The replica counts the same prompt tokens through the gateway as when sent the body directly."""
+    content = _words(random.Random(5), 200_000)
+    body = _chat(content, max_tokens=1)
+    assert len(json.dumps(body)) > 200_000
+    async with gateway(sims, envoy_path, workdir, mode) as (_, _, client):
+        with anyio.fail_after(60):
+            via = await client.post("/v1/chat/completions", json=body)
+            assert via.status_code == 200, via.text
+            async with httpx.AsyncClient(timeout=30) as direct_client:
+                direct = await direct_client.post(sims.urls[2] + "/v1/chat/completions", json=body)
+    assert direct.status_code == 200, direct.text
+    tokens = direct.json()["usage"]["prompt_tokens"]
+    assert tokens > 5_000
+    assert via.json()["usage"]["prompt_tokens"] == tokens
+
+
+async def test_a_burst_sharing_a_new_prefix_lands_on_one_replica(
+    sims: SimPool, envoy_path: Path, workdir: Path
+) -> None:
+    """Burst admission through the gateway: each burst of 8 sharing a new prefix goes to one replica, and the
+    bursts of different prefixes do not all pile on one."""
+    rng = random.Random(11)
+    landed: list[set[str]] = []
+    async with gateway(sims, envoy_path, workdir, yaml_name="default.yaml") as (_, _, client):
+        with anyio.fail_after(60):
+            for _ in range(4):
+                context = _words(rng, 6_000)
+
+                async def one(i: int, context: str = context) -> str:
+                    response = await client.post(
+                        "/v1/chat/completions", json=_chat(f"{context}\nQuestion {i}?")
+                    )
+                    assert response.status_code == 200, response.text
+                    return response.headers["x-burstsched-endpoint"]
+
+                results = await asyncio.gather(*(one(i) for i in range(8)))
+                landed.append(set(results))
+    assert all(len(s) == 1 for s in landed), landed
+    assert len(set().union(*landed)) == 2, landed
+
+
+async def test_a_cancelled_stream_releases_its_endpoint(
+    sims: SimPool, envoy_path: Path, workdir: Path
+) -> None:
+    """A client that goes away mid-stream: the picker's stream ends and the pool no longer counts it."""
+    async with gateway(sims, envoy_path, workdir) as (epp, _, client):
+        with anyio.fail_after(60):
+            body = _chat("Tell a long story.", max_tokens=2000, stream=True)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                assert stream.status_code == 200
+                chunks = stream.aiter_raw()
+                await anext(chunks)
+                name = stream.headers["x-burstsched-endpoint"]
+                assert epp.router.pool.snapshot(name).in_flight == 1
+            # leaving the block closes the connection before the stream's end
+
+            async def released() -> bool:
+                return epp.router.pool.snapshot(name).in_flight == 0
+
+            await eventually(released, within_s=10)
+            assert len(sims.requests(sims.names.index(name))) == 1
+
+
+async def test_a_client_destination_header_is_never_obeyed(
+    sims: SimPool, envoy_path: Path, workdir: Path
+) -> None:
+    """A client naming the decoy replica (not in the pool) in the destination header: the request still goes
+    where the picker says, and the replica sees only the picker's value."""
+    decoy = endpoint_address(sims.urls[2])
+    for mode in (FULL_DUPLEX, BUFFERED, EnvoyMode(strip_destination=False)):
+        async with gateway(sims, envoy_path, workdir, mode) as (_, _, client):
+            with anyio.fail_after(30):
+                for i in range(4):
+                    response = await client.post(
+                        "/v1/chat/completions", json=_chat(f"steer {i}"), headers={DESTINATION: decoy}
+                    )
+                    assert response.status_code == 200, response.text
+                    assert response.headers["x-burstsched-endpoint"] in sims.names[:2]
+    assert sims.requests(2) == []
+    for index in (0, 1):
+        assert set(_destinations(sims, index)) <= {endpoint_address(sims.urls[index])}
+
+
+async def test_no_ready_endpoint_is_503_and_shedding_is_429(
+    sims: SimPool, envoy_path: Path, workdir: Path
+) -> None:
+    """Immediate responses in OpenAI's error shape: 503 when no endpoint of the pool is healthy, 429 with
+    Retry-After when admission's queue is full."""
+    async with gateway(sims, envoy_path, workdir) as (epp, _, client):
+        with anyio.fail_after(30):
+            await sims.akill(0)
+            await sims.akill(1)
+
+            async def none_healthy() -> bool:
+                return epp.router.pool.healthy_count() == 0
+
+            await eventually(none_healthy, within_s=10)
+            response = await client.post("/v1/chat/completions", json=_chat("anyone?"))
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["type"] and "no healthy endpoint" in error["message"]
+
+
+async def test_admission_shedding_is_429(sims: SimPool, envoy_path: Path, workdir: Path) -> None:
+    """Admission's queue holds one request: the others of a burst are shed with 429 and Retry-After."""
+    config = _config(sims, "burst.yaml")
+    admission = config.admission.model_copy(update={"queue_limit": 1, "window_ms": 300, "bypass_warm": False})
+    async with running_epp(config.model_copy(update={"admission": admission})) as epp:
+        with envoy(envoy_path, epp.port, FULL_DUPLEX, workdir) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                context = _words(random.Random(2), 4_000)  # long enough to wait in the window
+                with anyio.fail_after(30):
+                    responses = await asyncio.gather(
+                        *(client.post("/v1/chat/completions", json=_chat(f"{context} {i}")) for i in range(4))
+                    )
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses[0] == 200 and statuses[-1] == 429, statuses
+    shed = next(r for r in responses if r.status_code == 429)
+    assert shed.headers["retry-after"] == "1"
+    assert shed.json()["error"]["type"]
