@@ -22,11 +22,14 @@ from burstsched.admission.grouping import Group
 
 
 class Role(StrEnum):
-    """A request's part in its group: the first on its endpoint, one placed with it, or a spilled one."""
+    """A request's part in its group: the first on its endpoint, one placed with it, a spilled one, a late
+    member that joined its group's endpoint after the group's window (:mod:`.placed_groups`), or one
+    scheduled alone (bypass)."""
 
     LEADER = "leader"
     MEMBER = "member"
     SPILL = "spill"
+    JOINED = "joined"
     BYPASS = "bypass"
 
 

@@ -13,7 +13,8 @@ from types import TracebackType
 from burstsched.admission.assign import Limits, Role
 from burstsched.admission.clock import Clock, LoopClock
 from burstsched.admission.errors import NoEndpointAvailable
-from burstsched.admission.placement import GroupPlacer, Placed, Produced, Snapshots, warm_blocks
+from burstsched.admission.placed_groups import PlacedGroup, PlacedGroups
+from burstsched.admission.placement import GroupPlacer, Placed, Produced, Snapshots, first, warm_blocks
 from burstsched.admission.window import AdmissionWindow, Batch
 from burstsched.config.admission import AdmissionConfig
 from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
@@ -25,8 +26,9 @@ class Admitted:
     """Where a request goes and how it got there.
 
     ``window_id`` is None when admission is off; ``group_id`` is ``"<window>.<group>"``; ``role`` is leader,
-    member or spill for windowed requests and bypass for those scheduled alone at once; ``waited_s`` is the
-    time from ``admit`` to the decision (window wait plus placement).
+    member or spill for windowed requests, joined for a late member sent at once to the endpoint its group
+    of an earlier window went to, and bypass for those scheduled alone at once; ``waited_s`` is the time
+    from ``admit`` to the decision (window wait plus placement).
     """
 
     decision: Decision
@@ -50,6 +52,8 @@ class _Held:
 
     request: SchedRequest
     produced: Produced | None = None
+    joins: tuple[PlacedGroup, int] | None = None
+    """The placed group this late member joins, and how many leading blocks it shares with it."""
 
 
 class Admission:
@@ -81,6 +85,7 @@ class Admission:
             min_shared_blocks=config.min_shared_blocks,
             limits=Limits(config.max_per_endpoint, config.fair_share_factor),
         )
+        self._groups = PlacedGroups(config.min_shared_blocks, config.late_members_ms / 1000)
         self._window: AdmissionWindow[_Held, Admitted] = AdmissionWindow(
             self._place,
             window_s=config.window_ms / 1000,
@@ -94,13 +99,15 @@ class Admission:
     def reconfigure(self, config: AdmissionConfig) -> None:
         """Swap in new settings (a live config reload): requests already placed keep their decisions, those
         waiting in the open window are placed with the new limits, later windows use the new window."""
-        self._config = config
+        old, self._config = self._config, config
         self._placer = GroupPlacer(
             self._scheduler,
             self._snapshots,
             min_shared_blocks=config.min_shared_blocks,
             limits=Limits(config.max_per_endpoint, config.fair_share_factor),
         )
+        if (old.min_shared_blocks, old.late_members_ms) != (config.min_shared_blocks, config.late_members_ms):
+            self._groups = PlacedGroups(config.min_shared_blocks, config.late_members_ms / 1000)
         self._window.configure(
             window_s=config.window_ms / 1000,
             max_batch=config.max_batch,
@@ -112,6 +119,10 @@ class Admission:
     def held(self) -> int:
         """Requests waiting in a window or being placed."""
         return self._window.held
+
+    def reset(self) -> None:
+        """Forget where recent groups went (with the scheduler's learned state, e.g. ``/admin/reset``)."""
+        self._groups.clear()
 
     async def __aenter__(self) -> Admission:
         await self._window.__aenter__()
@@ -155,16 +166,21 @@ class Admission:
         return self._snapshots(request.model)
 
     def bypasses(self, request: SchedRequest) -> bool:
-        """Whether ``request`` skips the window: too short to share a group's prefix, or warm on an endpoint
-        that is healthy and not saturated (with ``bypass_warm``; saturated as the scheduler judges it)."""
+        """Whether ``request`` skips the window: too short to share a group's prefix, warm on an endpoint
+        that is healthy and not saturated (with ``bypass_warm``; saturated as the scheduler judges it), or a
+        late member of a group placed in the last ``late_members_ms`` whose prefix no such endpoint is known
+        to hold as far as the group's does (it joins the group's endpoint, if that is open and below
+        ``max_per_endpoint`` of the group)."""
         return self._bypasses(_Held(request))
 
     def _bypasses(self, held: _Held) -> bool:
         config = self._config
         request = held.request
-        if len(request.block_hashes) < config.min_shared_blocks:
+        chain = request.block_hashes
+        if len(chain) < config.min_shared_blocks:
             return True
-        if not config.bypass_warm:
+        placed = self._groups.find(chain, self._clock.now()) if self._groups.enabled else None
+        if not config.bypass_warm and placed is None:
             return False
         endpoints = self._endpoints(request)
         scheduler = self._scheduler
@@ -179,7 +195,18 @@ class Admission:
         self._produced = (produced, endpoints)
         held.produced = produced
         matched = warm_blocks(state, open_)
-        return any(blocks >= config.min_shared_blocks for blocks in matched.values())
+        warmest = max(matched.values(), default=0)
+        if placed is not None:
+            group, shared = placed
+            if (
+                shared > warmest
+                and group.members < config.max_per_endpoint
+                and any(e.name == group.endpoint for e in open_)
+            ):
+                held.joins = placed
+                group.members += 1
+                return True
+        return config.bypass_warm and warmest >= config.min_shared_blocks
 
     def _schedule_alone(self, request: SchedRequest) -> Decision:
         last, self._produced = self._produced, None
@@ -196,11 +223,39 @@ class Admission:
             ((ticket, held),) = batch.entries
             decision = self._schedule_alone(held.request)
             took = self._clock.now() - started
+            if held.joins is not None:
+                group, shared = held.joins
+                decision = first(decision, group.endpoint)
+                role, size = Role.JOINED, group.members
+                return {
+                    ticket: Admitted(decision, batch.window_id, group.group_id, role, size, shared, 0.0, took)
+                }
             return {ticket: Admitted(decision, batch.window_id, None, Role.BYPASS, 1, 0, 0.0, took)}
-        produced = {ticket: held.produced for ticket, held in batch.entries if held.produced is not None}
-        placed = self._placer.place([(ticket, held.request) for ticket, held in batch.entries], produced)
+        entries = batch.entries
+        produced = {ticket: held.produced for ticket, held in entries if held.produced is not None}
+        placed = self._placer.place([(ticket, held.request) for ticket, held in entries], produced)
         took = self._clock.now() - started
+        self._remember(batch.window_id, entries, placed)
         return {ticket: _admitted(batch.window_id, p, took) for ticket, p in placed.items()}
+
+    def _remember(
+        self, window_id: int, entries: Sequence[tuple[str, _Held]], placed: Mapping[str, Placed]
+    ) -> None:
+        """Record where each group of the window went: its leader's endpoint, with the members sent there."""
+        if not self._groups.enabled:
+            return
+        leaders: dict[int, tuple[str, SchedRequest, Placed]] = {}
+        counts: dict[tuple[int, str], int] = {}
+        for ticket, held in entries:
+            p = placed[ticket]
+            endpoint = p.decision.ranked[0].name
+            counts[p.group, endpoint] = counts.get((p.group, endpoint), 0) + 1
+            if p.role is Role.LEADER and p.group not in leaders:
+                leaders[p.group] = (endpoint, held.request, p)
+        now = self._clock.now()
+        for group, (endpoint, request, p) in leaders.items():
+            prefix = request.block_hashes[: p.shared_blocks]
+            self._groups.record(f"{window_id}.{group}", prefix, endpoint, counts[group, endpoint], now)
 
 
 def _admitted(window_id: int, placed: Placed, scheduled_s: float) -> Admitted:

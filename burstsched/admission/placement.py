@@ -127,7 +127,7 @@ class GroupPlacer:
                 slot = slots[ticket]
                 decision = _decision_at(calls[group], group.size - position)
                 placed[ticket] = Placed(
-                    decision=_first(decision, slot.endpoint),
+                    decision=first(decision, slot.endpoint),
                     group=first_group + index,
                     role=slot.role,
                     group_size=group.size,
@@ -157,7 +157,7 @@ def _decision_at(calls: list[tuple[int, Decision]], remaining: int) -> Decision:
     return chosen
 
 
-def _first(decision: Decision, endpoint: str) -> Decision:
+def first(decision: Decision, endpoint: str) -> Decision:
     """The decision reordered so ``endpoint`` comes first, the others kept in their order."""
     if decision.ranked[0].name == endpoint:
         return decision

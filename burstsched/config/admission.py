@@ -72,6 +72,17 @@ class AdmissionConfig(BaseModel):
         "that is healthy and not saturated (the `saturation:` section) already holds at least "
         "min_shared_blocks of its prefix.",
     )
+    late_members_ms: float = Field(
+        default=2000.0,
+        ge=0,
+        le=60000,
+        description="For this long after its window, a request of a placed group's prefix that no endpoint "
+        "is known to hold yet joins the endpoint its group went to, unless that endpoint is saturated or "
+        "holds max_per_endpoint of the group. The prefix index learns a placement only from the replica's "
+        "response head (or its KV events), so a burst member arriving after its window sealed would "
+        "otherwise be placed alone, by load, on another replica that computes the prefix again. 0 turns "
+        "it off.",
+    )
     queue_limit: int = Field(
         default=1024,
         ge=1,

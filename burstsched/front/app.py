@@ -151,7 +151,7 @@ class Router:
             self.prewarmer.consider(api, parsed.payload, request, decision)
         headers = upstream_request_headers(client_headers, request_id)
         prefill_cap = None
-        if str(admitted.role) == "member":  # its group's prefix is computed once, by the group's first
+        if str(admitted.role) in _SHARING_ROLES:  # its group's prefix is computed once, by the group's first
             prefill_cap = max(0, request.prompt_tokens - admitted.shared_blocks * request.block_tokens)
         served = await self.dispatcher.forward(
             parsed,
@@ -194,6 +194,8 @@ class Router:
 
 
 _WANTED_HEADERS = frozenset({b"content-length", b"x-request-id"})
+_SHARING_ROLES = frozenset({"member", "joined"})
+"""Admission roles of a request sent where its group's first request computes their shared prefix."""
 
 
 def _wanted_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -263,7 +265,9 @@ async def _endpoints(request: Request) -> Response:
 
 
 async def _reset(request: Request) -> Response:
-    _router(request.scope).scheduler.reset()
+    router = _router(request.scope)
+    router.scheduler.reset()
+    router.admission.reset()
     return JSONResponse({"status": "reset"})
 
 

@@ -291,7 +291,7 @@ class RouterMetrics:
         self.admission_wait = Histogram(
             "burstsched_admission_wait_seconds",
             "Time from admission to the scheduling decision (window wait and placement), by group role "
-            "(leader, member, spill, bypass).",
+            "(leader, member, spill, joined, bypass).",
             ["role"],
             buckets=_WAIT_BUCKETS,
             registry=self.registry,

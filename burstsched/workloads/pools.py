@@ -59,14 +59,19 @@ def event_args(
 
 @asynccontextmanager
 async def open_pool(
-    backend: Backend, replicas: int, *, time_scale: float = 1.0, kv_events: bool = True
+    backend: Backend,
+    replicas: int,
+    *,
+    time_scale: float = 1.0,
+    kv_events: bool = True,
+    cpu_quota: float | None = None,
 ) -> AsyncIterator[PoolHandle]:
     """Start ``replicas`` replicas of the chosen backend and stop them on exit.
 
     With ``kv_events`` each replica publishes its KV-cache events and serves replays, and the handle's
     ``router_args`` tell a router where they are and how to tokenize (for the precise prefix producer): real
     vLLM's tiny model's tokenizer files, or the simulator's own ``/tokenize`` (its built-in tokenizer has no
-    files).
+    files). ``cpu_quota``: real vLLM only, each replica capped at that many CPUs (a cgroup; root only).
     """
     if backend == "sim":
         from burstsched.sim import SimConfig, SimPool
@@ -87,7 +92,7 @@ async def open_pool(
     from burstsched.testing.tiny_model import ensure_model
     from burstsched.testing.vllm_replica import VllmConfig
 
-    async with real_vllm_pool(replicas, VllmConfig(kv_events=kv_events)) as vllm:
+    async with real_vllm_pool(replicas, VllmConfig(kv_events=kv_events, cpu_quota_cores=cpu_quota)) as vllm:
         args = event_args(
             vllm.names,
             [r.kv_events_endpoint for r in vllm.replicas],
