@@ -30,7 +30,7 @@ apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig
 plugins:
   - type: approx-prefix-cache-producer
-    parameters: {autoTune: false}
+    parameters: {autoTune: maybe}
   - type: max-score-picker
 schedulingProfiles: [{name: default, plugins: [{pluginRef: max-score-picker}]}]
 """

@@ -59,9 +59,30 @@ _TOP_LEVEL = (
     "dataLayer",
     "requestHandler",
 )
-_FLOW_CONTROL = "not supported: burstsched has no flow control (its admission is burst admission)"
+_FLOW_CONTROL = (
+    "not supported yet: llm-d's flow control (the router's own queue: priority bands, fairness and ordering "
+    "policies, dispatch gated by pool saturation) is not built in burstsched yet"
+)
+# llm-d's flow-control plugins (policies, admitters, saturation detectors): what _FLOW_CONTROL covers
+FLOW_CONTROL_TYPES = frozenset(
+    {
+        "concurrency-detector",
+        "edf-ordering-policy",
+        "fcfs-ordering-policy",
+        "global-strict-fairness-policy",
+        "latency-slo-admitter",
+        "priority-holdback-policy",
+        "priority-then-time-eviction-order-policy",
+        "probabilistic-admitter",
+        "program-aware-fairness",
+        "round-robin-fairness-policy",
+        "sheddable-eviction-filter",
+        "slo-deadline-ordering-policy",
+        "soft-reflective-ceiling-policy",
+        "static-usage-limit-policy",
+    }
+)
 _NOT_SUPPORTED = {
-    "flowControl": _FLOW_CONTROL,
     "parser": "not supported: the deprecated parser section; list parsers under requestHandler.parsers",
 }
 # Gates of features burstsched always has: its producers run before scheduling, its pool scrapes metrics.
@@ -154,14 +175,18 @@ def _where(where: str, key: str) -> str:
 def _translate_picker_config(
     doc: Mapping[str, Any], issues: list[ConfigIssue], notes: list[str], explain: list[str]
 ) -> dict[str, Any]:
+    flow_plugins = _flow_control_plugins(doc.get("plugins"))
     for key in doc:
-        if key in _NOT_SUPPORTED:
+        if key == "flowControl":
+            with_plugins = f" (with its plugins: {', '.join(flow_plugins)})" if flow_plugins else ""
+            issues.append(ConfigIssue("flowControl", _FLOW_CONTROL + with_plugins))
+        elif key in _NOT_SUPPORTED:
             issues.append(ConfigIssue(str(key), _NOT_SUPPORTED[key]))
         elif key not in _TOP_LEVEL:
             issues.append(ConfigIssue(str(key), "unknown field"))
     _check_gates(doc.get("featureGates"), "flowControl" in doc, issues)
     refused: set[str] = set()
-    plugins = _translate_plugins(doc.get("plugins"), issues, refused)
+    plugins = _translate_plugins(doc.get("plugins"), issues, refused, flow_control="flowControl" in doc)
     profile = _read_profiles(doc.get("schedulingProfiles"), plugins, refused, issues, notes)
     _check_data_layer(doc.get("dataLayer"), plugins, refused, issues)
     _check_request_handler(doc.get("requestHandler"), plugins, refused, issues)
@@ -179,7 +204,7 @@ def _explain(plugin: _Plugin, profile: _Profile) -> str:
     if translated.role == "burst" and translated.admission is not None:
         return f"{head}: burst admission (window {translated.admission['window_ms']:g} ms)"
     if translated.role == "handler":
-        return f"{head}: nothing: burstsched runs the one profile it routes by"
+        return f"{head}: {translated.explain or 'nothing: burstsched runs the one profile it routes by'}"
     if translated.role == "role-filter":
         if translated.stage == "decode":
             return (
@@ -198,6 +223,13 @@ def _explain(plugin: _Plugin, profile: _Profile) -> str:
         text += f" {spec.name!r}"
     if spec.parameters:
         text += " {" + ", ".join(f"{k}: {v}" for k, v in spec.parameters.items()) + "}"
+    scorer = translated.scorer_spec
+    if scorer is not None:
+        listed = plugin.llmd_name in profile.listed
+        text += f" and {scorer.type}" + (
+            f" {scorer.name!r}" if scorer.name not in (None, scorer.type) else ""
+        )
+        where = "" if listed else " (the scorer is in no scheduling profile that routes: not used)"
     return text + where
 
 
@@ -221,7 +253,15 @@ def _check_gates(gates: object, flow_control: bool, issues: list[ConfigIssue]) -
         issues.append(ConfigIssue(f"featureGates[{i}]", f"not supported: burstsched has no feature {name!r}"))
 
 
-def _translate_plugins(raw: object, issues: list[ConfigIssue], refused: set[str]) -> dict[str, _Plugin]:
+def _flow_control_plugins(raw: object) -> list[str]:
+    """The flow-control plugin types a file configures (the flowControl line names them)."""
+    types = [e.get("type") for e in raw if isinstance(e, Mapping)] if isinstance(raw, list) else []
+    return list(dict.fromkeys(t for t in types if t in FLOW_CONTROL_TYPES))
+
+
+def _translate_plugins(
+    raw: object, issues: list[ConfigIssue], refused: set[str], *, flow_control: bool = False
+) -> dict[str, _Plugin]:
     plugins: dict[str, _Plugin] = {}
     if not isinstance(raw, list) or not raw:
         issues.append(ConfigIssue("plugins", "must be a non-empty list of plugins"))
@@ -243,6 +283,13 @@ def _translate_plugins(raw: object, issues: list[ConfigIssue], refused: set[str]
             continue
         llmd_name = name if name is not None else llmd_type
         translator = TRANSLATORS.get(llmd_type)
+        if translator is None and llmd_type in FLOW_CONTROL_TYPES:
+            refused.add(llmd_name)
+            if not flow_control:  # else the flowControl line names it
+                issues.append(
+                    ConfigIssue(f"{path}.type", f"llm-d flow-control plugin {llmd_type!r}: " + _FLOW_CONTROL)
+                )
+            continue
         if translator is None:
             refused.add(llmd_name)  # references to it say nothing more
             issues.append(
@@ -414,17 +461,20 @@ def _read_ref(
     if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0):
         issues.append(ConfigIssue(f"{path}.weight", f"must be a number at least 0, got {weight!r}"))
         return
+    spec = plugin.translated.spec
+    also_scorer = plugin.translated.scorer_spec
+    if also_scorer is not None:  # a producer that is also a scorer: listed, it scores
+        role, spec = "scorer", also_scorer
     if weight is not None and role != "scorer":
         issues.append(
             ConfigIssue(f"{path}.weight", f"{plugin.llmd_type} {plugin.llmd_name!r} is not a scorer")
         )
         return
-    spec = plugin.translated.spec
     if role == "role-filter" and plugin.translated.stage is not None:
         profile.stages.add(plugin.translated.stage)
     elif role == "scorer" and spec is not None:
         profile.scorers.append((spec.instance_name, None if weight is None else float(weight)))
-    elif role == "detector" and spec is not None:
+    elif role in ("detector", "filter") and spec is not None:
         profile.filters.append(spec.instance_name)
     elif role == "picker" and spec is not None:
         if profile.picker is not None:
@@ -544,7 +594,8 @@ def _assemble(
         if plugin.translated.kv_events is not None:
             data["kv_events"] = plugin.translated.kv_events
     _check_producer_refs(plugins, issues)
-    prefix_scorers = [n for n, _ in profile.scorers if _type_of(plugins, n) == "prefix-cache-scorer"]
+    prefix_types = ("prefix-cache-scorer", "precise-prefix-cache-scorer")
+    prefix_scorers = [n for n, _ in profile.scorers if _type_of(plugins, n) in prefix_types]
     if len(prefix_scorers) > 1:
         issues.append(
             ConfigIssue(
@@ -576,8 +627,11 @@ def _assemble(
             )
     for plugin in plugins.values():
         spec = plugin.translated.spec
-        if spec is not None and plugin.llmd_name in profile.listed:
+        if spec is not None and plugin.llmd_name in profile.listed and plugin.translated.role != "producer":
             specs[spec.instance_name] = spec
+        scorer = plugin.translated.scorer_spec
+        if scorer is not None and plugin.llmd_name in profile.listed:
+            specs[scorer.instance_name] = scorer
     picker = profile.picker
     if picker is None:
         picker = "max-score-picker"
@@ -592,6 +646,12 @@ def _assemble(
     tokenizers = by_role.get("tokenizer", [])
     if tokenizers and tokenizers[0].translated.tokenizer is not None:
         data["tokenizer"] = tokenizers[0].translated.tokenizer
+    elif producers and producers[0].translated.tokenizer is not None:  # its own tokenizersPoolConfig
+        data["tokenizer"] = producers[0].translated.tokenizer
+        notes.append(
+            f"{producers[0].llmd_type} {producers[0].llmd_name!r}: indexerConfig.tokenizersPoolConfig became "
+            "burstsched's tokenizer (tokenizer.source remote: each replica's /tokenize)"
+        )
     if bursts:
         data["admission"] = bursts[0].translated.admission
         notes.append(
@@ -605,9 +665,9 @@ def _assemble(
 
 def _type_of(plugins: dict[str, _Plugin], instance: str) -> str | None:
     for plugin in plugins.values():
-        spec = plugin.translated.spec
-        if spec is not None and spec.instance_name == instance:
-            return plugin.llmd_type
+        for spec in (plugin.translated.spec, plugin.translated.scorer_spec):
+            if spec is not None and spec.instance_name == instance:
+                return plugin.llmd_type
     return None
 
 

@@ -128,6 +128,19 @@ class Params:
         """The object under ``key`` (empty when absent), read the same way; call its :meth:`finish` too."""
         return Params(self._take(key), join_path(self.path, key), self.plugin, self._issues)
 
+    def entries(self, key: str) -> list[Params]:
+        """The objects of the list under ``key`` (empty when absent), each read as :meth:`nested` is."""
+        value = self._take(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.issue(key, f"must be a list, got {value!r}")
+            return []
+        return [
+            Params(v, f"{join_path(self.path, key)}[{i}]", self.plugin, self._issues)
+            for i, v in enumerate(value)
+        ]
+
     def accept(self, *keys: str) -> None:
         """Keys whose value changes nothing in burstsched (e.g. a worker count); taken as they are."""
         self._used.update(keys)

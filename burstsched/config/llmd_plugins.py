@@ -62,6 +62,7 @@ _APPROX_MAX_BLOCKS = 2048  # llm-d's default maxPrefixBlocksToMatch
 _LRU_CAPACITY = 31250
 _SPECULATIVE_TTL_MS = 2000.0
 _SOCKET_PORT = 5557
+_TOKEN_THRESHOLD = 4194304  # llm-d's token-load-scorer default (128 requests of 32K tokens)
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Translated:
     tokenizer: dict[str, Any] | None = None
     stage: str | None = None  # role filters: the llm-d.ai/role stage they keep (decode, prefill, encode)
     handler: dict[str, str] | None = None  # profile handlers: profile names and decider plugin names
+    scorer_spec: PluginSpec | None = None  # a producer that is also a scorer (precise-prefix-cache-scorer)
 
 
 Translator = Callable[[str, Params], Translated]
@@ -105,12 +107,7 @@ def _prefix_cap(p: Params, block_tokens: int, default_tokens: int, default_block
 
 
 def _approx_producer(name: str, p: Params) -> Translated:
-    if not p.flag("autoTune", True):
-        p.issue(
-            "autoTune",
-            "not supported: false; burstsched always sizes each endpoint's index from the KV capacity the "
-            "endpoint reports (lruCapacityPerServer applies until it does)",
-        )
+    auto_tune = p.flag("autoTune", True)
     p.refuse("blockSize", "the character-based block size is deprecated in llm-d; use blockSizeTokens")
     block_tokens = p.integer("blockSizeTokens", DEFAULT_BLOCK_TOKENS, minimum=1, maximum=4096)
     max_blocks = _prefix_cap(p, block_tokens, _APPROX_MAX_TOKENS, _APPROX_MAX_BLOCKS)
@@ -118,9 +115,10 @@ def _approx_producer(name: str, p: Params) -> Translated:
     hashing = {"block_tokens": block_tokens}
     if max_blocks is not None:
         hashing["max_blocks"] = max_blocks
-    spec = PluginSpec(
-        type="approx-prefix-producer", name=name, parameters={"default_capacity_blocks": capacity}
-    )
+    parameters: dict[str, Any] = {"default_capacity_blocks": capacity}
+    if not auto_tune:  # lruCapacityPerServer always, as llm-d does
+        parameters["capacity_from_endpoint"] = False
+    spec = PluginSpec(type="approx-prefix-producer", name=name, parameters=parameters)
     return Translated("producer", spec, prefix_hashing=hashing)
 
 
@@ -138,8 +136,11 @@ def _precise_producer(name: str, p: Params) -> Translated:
     ttl_ms = p.duration_ms("speculativeTTL", _SPECULATIVE_TTL_MS)
     indexer = p.nested("indexerConfig")
     block_index = indexer.nested("kvBlockIndexConfig")
-    block_index.accept("enableMetrics")  # burstsched's index metrics are always on
+    block_index.accept("enableMetrics", "metricsLoggingInterval")  # burstsched's index metrics are always on
     block_index.finish()
+    # llm-d's own tokenization pool (a UDS sidecar or local files): burstsched tokenizes through its tokenizer
+    tokenizers = indexer.has("tokenizersPoolConfig")
+    indexer.accept("tokenizersPoolConfig")
     indexer.finish()
     events = p.nested("kvEventsConfig")
     events.text("engineType", "vllm", choices=("vllm",))
@@ -165,7 +166,17 @@ def _precise_producer(name: str, p: Params) -> Translated:
         parameters["block_size"] = block_size
     spec = PluginSpec(type="precise-prefix-producer", name=name, parameters=parameters)
     kv_events = {"endpoint_template": f"tcp://{{host}}:{port}", "topic": topic}
-    return Translated("producer", spec, kv_events=kv_events)
+    tokenizer = {"source": "remote"} if tokenizers else None
+    return Translated("producer", spec, kv_events=kv_events, tokenizer=tokenizer)
+
+
+def _precise_scorer(name: str, p: Params) -> Translated:
+    """The deprecated combined type: a precise producer and a prefix-cache scorer reading it."""
+    producer = _precise_producer(
+        "precise-prefix-producer" if name == "prefix-cache-scorer" else f"{name}-producer", p
+    )
+    producer.scorer_spec = PluginSpec(type="prefix-cache-scorer", name=name)
+    return producer
 
 
 def _burst_producer(name: str, p: Params) -> Translated:
@@ -309,6 +320,14 @@ def _parser(name: str, p: Params) -> Translated:
     )
 
 
+def _passthrough_parser(name: str, p: Params) -> Translated:
+    return Translated(
+        "parser",
+        explain="nothing: burstsched parses OpenAI chat and completions requests itself and refuses another "
+        "body (400), where llm-d's passthrough routes any body by its load-based scorers",
+    )
+
+
 def _token_producer(name: str, p: Params) -> Translated:
     p.text("modelName", "")
     vllm = p.nested("vllm")
@@ -316,12 +335,15 @@ def _token_producer(name: str, p: Params) -> Translated:
     timeout_ms = vllm.duration_ms("timeout", 5000.0)
     vllm.duration_ms("mmTimeout", 30000.0)
     vllm.finish()
-    p.refuse("udsTokenizerConfig", "burstsched tokenizes in the router (tokenizer.path) or through a replica")
+    uds = p.nested("udsTokenizerConfig")
+    uds.text("socketFile", "")
+    uds.finish()
     p.refuse("estimate", "burstsched routes text prompts; multimodal token estimates have no equivalent")
+    where = "the UDS tokenizer sidecar" if p.has("udsTokenizerConfig") else "vllm.url"
     return Translated(
         "tokenizer",
         tokenizer={"source": "remote", "timeout_ms": timeout_ms},
-        explain="burstsched's tokenizer (tokenizer.source remote: each replica's /tokenize, not vllm.url)",
+        explain=f"burstsched's tokenizer (tokenizer.source remote: each replica's /tokenize, not {where})",
     )
 
 
@@ -349,6 +371,103 @@ def _load_aware(name: str, p: Params) -> Translated:
         threshold = 128
     spec = PluginSpec(type="load-aware-scorer", name=name, parameters={"threshold": threshold})
     return Translated("scorer", spec)
+
+
+def _inflight_load(name: str, p: Params) -> Translated:
+    if p.flag("addEstimatedOutputTokens", False):
+        p.issue(
+            "addEstimatedOutputTokens",
+            "not supported: true; burstsched's in-flight load is the prompt tokens still to compute (its "
+            "prefill ledger), with no estimate of the output",
+        )
+    p.number("outputRatio", 1.5, minimum=0.0)
+    p.integer("maxEstimatedOutputTokens", 0, minimum=0)
+    return Translated(
+        "nothing",
+        explain="nothing: burstsched counts each endpoint's in-flight prompt tokens itself (the uncached "
+        "prefill of the requests it sent there, until their first token)",
+    )
+
+
+def _token_load(name: str, p: Params) -> Translated:
+    threshold = p.integer("queueThresholdTokens", _TOKEN_THRESHOLD)
+    if threshold <= 0:  # llm-d replaces a non-positive threshold with its default
+        threshold = _TOKEN_THRESHOLD
+    p.text("inFlightLoadProducerName", "")
+    spec = PluginSpec(type="token-load-scorer", name=name, parameters={"queue_threshold_tokens": threshold})
+    return Translated("scorer", spec)
+
+
+def _prefix_affinity(name: str, p: Params) -> Translated:
+    threshold = p.number("affinityThreshold", 0.8, maximum=1.0)
+    explore = p.number("explorationProbability", 0.0, minimum=0.0, maximum=1.0)
+    penalty = p.number("maxTTFTPenaltyMs", 18000.0, minimum=0.0)
+    p.text("ttftSource", "prefillThroughput", choices=("prefillThroughput",))
+    throughput = p.number("peakPrefillThroughput", 15928.0, minimum=0.0)
+    if throughput == 0.0:
+        if penalty > 0:
+            p.issue("peakPrefillThroughput", "must be above 0 when maxTTFTPenaltyMs is above 0")
+        throughput = 15928.0  # unused: the load gate is off
+    ref = p.text("prefixMatchInfoProducerName", "") or None
+    p.text("inFlightLoadProducerName", "")
+    p.refuse("latencyPredictionInfoProducerName", "burstsched has no latency predictor")
+    token_penalty = p.integer("maxTokensInFlightPenalty", 0, minimum=0)  # an earlier llm-d's load gate
+    parameters = {
+        "max_tokens_in_flight_penalty": token_penalty,
+        "affinity_threshold": threshold,
+        "exploration_probability": explore,
+        "max_ttft_penalty_ms": penalty,
+        "peak_prefill_throughput": throughput,
+    }
+    spec = PluginSpec(type="prefix-cache-affinity-filter", name=name, parameters=parameters)
+    return Translated("filter", spec, producer_ref=ref)
+
+
+def _session_affinity(burstsched_type: str) -> Translator:
+    def translate(name: str, p: Params) -> Translated:
+        strategy = p.text(
+            "strategy", "encoded_endpoint_header", choices=("encoded_endpoint_header", "session_id")
+        )
+        if p.text("profileName", ""):
+            p.issue(
+                "profileName", "not supported: burstsched pins the endpoint of the one profile it routes by"
+            )
+        encoded = p.nested("encodedEndpointHeaderConfig")
+        header = encoded.text("header", "") or "x-session-token"
+        encoded.finish()
+        ids = p.nested("sessionIdConfig")
+        sources: list[str] = []
+        for source in ids.entries("sources"):
+            sources.append(source.text("header", ""))
+            source.refuse("attribute", "burstsched reads the session id from request headers only")
+            source.refuse("producer", "burstsched reads the session id from request headers only")
+            source.finish()
+        ttl = ids.number("evictionTtlSeconds", 300.0, minimum=0.0) or 300.0
+        ids.number("evictionSweepSeconds", 10.0, minimum=0.0)  # burstsched drops an expired binding when read
+        ids.finish()
+        parameters: dict[str, Any] = {"strategy": strategy}
+        if strategy == "encoded_endpoint_header":
+            parameters["header"] = header.strip().lower()
+        else:
+            parameters["session_headers"] = [h.strip().lower() for h in sources if h.strip()] or [
+                "x-session-id"
+            ]
+            parameters["eviction_ttl_s"] = ttl
+        role: Role = "scorer" if burstsched_type.endswith("scorer") else "filter"
+        return Translated(role, PluginSpec(type=burstsched_type, name=name, parameters=parameters))
+
+    return translate
+
+
+def _data_parallel_handler(name: str, p: Params) -> Translated:
+    p.integer("primaryPort", 8000, minimum=1, maximum=65535)
+    return Translated(
+        "handler",
+        handler={},
+        explain="nothing: llm-d's deprecated data-parallel handler is its single-profile-handler plus a port "
+        "rewrite; burstsched sends each request to the picked endpoint's own URL (list each data-parallel "
+        "rank's address as an endpoint), without the X-Data-Parallel-Endpoint header",
+    )
 
 
 def _nothing_because(role: Role, why: str) -> Translator:
@@ -390,6 +509,14 @@ TRANSLATORS: dict[str, Translator] = {
     "no-hit-lru-scorer": _no_hit_lru,
     "active-request-scorer": _active_request,
     "load-aware-scorer": _load_aware,
+    "inflight-load-producer": _inflight_load,
+    "token-load-scorer": _token_load,
+    "prefix-cache-affinity-filter": _prefix_affinity,
+    "session-affinity-scorer": _session_affinity("session-affinity-scorer"),
+    "session-affinity-filter": _session_affinity("session-affinity-filter"),
+    "passthrough-parser": _passthrough_parser,
+    "precise-prefix-cache-scorer": _precise_scorer,
+    "data-parallel-profile-handler": _data_parallel_handler,
 }
 """llm-d plugin type → its translation."""
 
@@ -406,5 +533,10 @@ BURSTSCHED_TYPES: dict[str, str] = {
     "no-hit-lru-scorer": "no-hit-lru-scorer",
     "active-request-scorer": "active-request-scorer",
     "load-aware-scorer": "load-aware-scorer",
+    "token-load-scorer": "token-load-scorer",
+    "prefix-cache-affinity-filter": "prefix-cache-affinity-filter",
+    "session-affinity-scorer": "session-affinity-scorer",
+    "session-affinity-filter": "session-affinity-filter",
+    "precise-prefix-cache-scorer": "prefix-cache-scorer",
 }
 """llm-d plugin type → the burstsched plugin type it becomes (types that become a plugin only)."""

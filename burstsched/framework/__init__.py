@@ -5,8 +5,10 @@ Plugins import from here only; the engine lives in :mod:`burstsched.scheduling`.
 
 from burstsched.framework.plugins import (
     DispatchHook,
+    EndpointEcho,
     EndpointForgetter,
     Filter,
+    HeaderReader,
     KVEventConsumer,
     Picker,
     Plugin,
@@ -46,9 +48,11 @@ __all__ = [
     "CycleState",
     "Decision",
     "DispatchHook",
+    "EndpointEcho",
     "EndpointForgetter",
     "EndpointSnapshot",
     "Filter",
+    "HeaderReader",
     "KVEventConsumer",
     "Picker",
     "Plugin",

@@ -104,3 +104,21 @@ class KVEventConsumer(Plugin, Protocol):
     def on_kv_stream_live(self, endpoint: str) -> None: ...
 
     def on_kv_stream_closed(self, endpoint: str) -> None: ...
+
+
+@runtime_checkable
+class HeaderReader(Plugin, Protocol):
+    """Reads request headers: the front copies the ones named in ``request_headers`` (lower case) into
+    :attr:`SchedRequest.headers`; no other client header reaches a plugin."""
+
+    @property
+    def request_headers(self) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class EndpointEcho(Plugin, Protocol):
+    """Answers each request with its serving endpoint's token (the base64 of its name) in each header of
+    ``echo_headers``, for the client to send back (llm-d's session token)."""
+
+    @property
+    def echo_headers(self) -> tuple[str, ...]: ...

@@ -102,7 +102,8 @@ class SchedRequest:
     from block 0; ``prompt_tokens`` is the prompt's size in the same tokens (the approximate view, always
     there). ``token_ids`` are the prompt's token ids exactly as the engine will see them, when the router
     could tokenize it (precise mode); ``None`` otherwise. ``cache_salt`` is the request's ``cache_salt``,
-    which the engine mixes into its first block's hash.
+    which the engine mixes into its first block's hash. ``headers`` holds the client's request headers that
+    the profile's plugins read (:class:`~burstsched.framework.HeaderReader`), names in lower case.
     """
 
     request_id: str
@@ -115,10 +116,18 @@ class SchedRequest:
     group_size: int = 1
     token_ids: tuple[int, ...] | None = None
     cache_salt: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ValueError("group_size must be at least 1")
+
+    def header(self, name: str) -> str | None:
+        """The value of request header ``name`` (lower case), if the client sent it and a plugin reads it."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
 
 
 @dataclass(frozen=True, slots=True)

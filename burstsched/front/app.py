@@ -53,6 +53,7 @@ from burstsched.front.draining import RefuseWhileDraining
 from burstsched.front.hot_path import ErrorGuard, RouterApp
 from burstsched.front.limits import BodyDeadlineMiddleware
 from burstsched.front.live_config import ConfigSource, LiveConfig
+from burstsched.front.plugin_headers import echo_endpoint, plugin_request_headers
 from burstsched.front.request import ClientDisconnected, RequestError, parse_request, read_body
 from burstsched.kvcache import KVEventHub, stream_addresses
 from burstsched.pool import CircuitSettings, EndpointPool
@@ -121,7 +122,11 @@ class Router:
             return
         request_id = header_map.get("x-request-id") or os.urandom(16).hex()  # as random as uuid4().hex
         token_ids = await self._token_ids(api, parsed.payload)
-        request = parsed.to_sched_request(request_id, model, self.config.prefix_hashing, token_ids)
+        profile = self.scheduler.profile
+        plugin_headers = plugin_request_headers(client_headers, profile.request_headers)
+        request = parsed.to_sched_request(
+            request_id, model, self.config.prefix_hashing, token_ids, plugin_headers
+        )
         if trace is not None:
             trace.describe(parsed.payload, chat=api is ApiKind.CHAT, model=model, request_id=request_id)
         candidates = self.pool.snapshots(model)
@@ -159,7 +164,7 @@ class Router:
             decision,
             headers,
             receive,
-            send,
+            echo_endpoint(send, profile.echo_headers),
             trace=trace,
             deadline=deadline,
             prefill_cap=prefill_cap,

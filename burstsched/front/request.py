@@ -54,9 +54,10 @@ class ParsedRequest:
         model: str,
         hashing: PrefixHashingConfig,
         token_ids: tuple[int, ...] | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> SchedRequest:
         """The scheduler's view of this request, with its block-hash chain (and its engine token ids, when
-        the router tokenized it)."""
+        the router tokenized it, and the client ``headers`` its plugins read)."""
         return SchedRequest(
             request_id=request_id,
             model=model,
@@ -74,6 +75,7 @@ class ParsedRequest:
             prompt_tokens=pseudo_tokens(self.rendered, hashing.bytes_per_token),
             token_ids=token_ids,
             cache_salt=self.cache_salt,
+            headers=headers,
         )
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from burstsched.framework import (
     DispatchHook,
+    EndpointEcho,
     Filter,
+    HeaderReader,
     Picker,
     Plugin,
     Producer,
@@ -55,3 +58,14 @@ class SchedulerProfile:
         for plugin in everything:
             seen.setdefault(id(plugin), plugin)
         return tuple(seen.values())
+
+    @cached_property
+    def request_headers(self) -> frozenset[str]:
+        """The client request headers the profile's plugins read (lower case); worked out once."""
+        return frozenset(h for p in self.plugins if isinstance(p, HeaderReader) for h in p.request_headers)
+
+    @cached_property
+    def echo_headers(self) -> tuple[str, ...]:
+        """The response headers that carry the serving endpoint's token back to the client."""
+        found = (h for p in self.plugins if isinstance(p, EndpointEcho) for h in p.echo_headers)
+        return tuple(dict.fromkeys(found))

@@ -4,9 +4,10 @@ At each decision it writes a :class:`PrefixMatch` per endpoint: how many of the 
 that endpoint was sent before. At dispatch it records the request's chain for the chosen endpoint. Each
 endpoint's index is bounded by its KV capacity (``num_gpu_blocks × block_size`` tokens from
 ``vllm:cache_config_info``, in blocks of the request's pseudo-tokens), or ``default_capacity_blocks`` until
-the endpoint reports one. A pseudo-token is not an engine token: once the pool has learned how many engine
-tokens a pseudo-token comes to on that endpoint (about 1.9 for chat text through vLLM), the capacity is
-divided by it. Without that the index believed a cache twice the real one on chat traffic, and sent a
+the endpoint reports one (always, with ``capacity_from_endpoint: false``). A pseudo-token is not an engine
+token: once the pool has learned how many engine tokens a pseudo-token comes to on that endpoint (about 1.9
+for chat text through vLLM), the capacity is divided by it. Without that the index believed a cache twice the
+real one on chat traffic, and sent a
 quarter of the requests of a document-QA trace from vLLM "warm" to a replica that had evicted them.
 """
 
@@ -35,6 +36,13 @@ class ApproxPrefixParameters(PluginParameters):
     default_capacity_blocks: int = Field(
         default=31250, ge=1, description="Index bound per endpoint, in blocks, until it reports its capacity."
     )
+    capacity_from_endpoint: bool = Field(
+        default=True,
+        description=(
+            "Bound each endpoint's index by the KV capacity it reports; false: default_capacity_blocks "
+            "always (llm-d's autoTune: false, e.g. for a tier whose capacity no metric reports)."
+        ),
+    )
     engine_tokens: bool = Field(
         default=True,
         description=(
@@ -55,6 +63,7 @@ class ApproxPrefixProducer:
         self.index = PrefixIndex(parameters.default_capacity_blocks)
         self._capacities: dict[str, int] = {}
         self._engine_tokens = parameters.engine_tokens
+        self._from_endpoint = parameters.capacity_from_endpoint
 
     @property
     def name(self) -> str:
@@ -87,6 +96,8 @@ class ApproxPrefixProducer:
         self.index.remove_endpoint(endpoint)
 
     def _update_capacity(self, endpoint: EndpointSnapshot, block_tokens: int) -> None:
+        if not self._from_endpoint:
+            return
         blocks = endpoint.capacity_blocks(block_tokens, learned=self._engine_tokens)
         if blocks is None:
             return

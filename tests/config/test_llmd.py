@@ -381,9 +381,9 @@ _PICKER_ONLY = "schedulingProfiles: [{name: default, plugins: [{pluginRef: max-s
     ("plugins", "path", "words"),
     [
         (
-            "- {type: approx-prefix-cache-producer, name: ap, parameters: {autoTune: false}}",
+            "- {type: approx-prefix-cache-producer, name: ap, parameters: {autoTune: 'no'}}",
             "plugins[0].parameters.autoTune",
-            ["approx-prefix-cache-producer 'ap'", "not supported"],
+            ["approx-prefix-cache-producer 'ap'", "must be true or false"],
         ),
         (
             "- {type: approx-prefix-cache-producer, parameters: {bogus: 1}}",
@@ -597,7 +597,7 @@ def test_every_issue_of_a_file_is_reported_at_once() -> None:
     issues = _issues(
         _llmd("""
         plugins:
-          - {type: approx-prefix-cache-producer, parameters: {autoTune: false, blockSize: 256}}
+          - {type: approx-prefix-cache-producer, parameters: {autoTune: 'no', blockSize: 256}}
           - {type: no-such-thing}
           - {type: max-score-picker}
         flowControl: {}
