@@ -145,11 +145,13 @@ def _precise_producer(name: str, p: Params) -> Translated:
     events = p.nested("kvEventsConfig")
     events.text("engineType", "vllm", choices=("vllm",))
     topic = events.text("topicFilter", "")
-    events.refuse(
-        "zmqEndpoint",
-        "burstsched subscribes to each replica's own publisher (discoverPods: true), not to one socket the "
-        "replicas connect to",
-    )
+    if events.has("zmqEndpoint"):
+        events.accept("zmqEndpoint")
+        events.issue(
+            "zmqEndpoint",
+            "not supported yet: central ZMQ mode (every replica publishing to one socket the router binds) "
+            "is not built; burstsched subscribes to each replica's own publisher (discoverPods: true)",
+        )
     if not events.flag("discoverPods", True):  # llm-d's default
         events.issue(
             "discoverPods",
@@ -402,7 +404,8 @@ def _prefix_affinity(name: str, p: Params) -> Translated:
     threshold = p.number("affinityThreshold", 0.8, maximum=1.0)
     explore = p.number("explorationProbability", 0.0, minimum=0.0, maximum=1.0)
     penalty = p.number("maxTTFTPenaltyMs", 18000.0, minimum=0.0)
-    p.text("ttftSource", "prefillThroughput", choices=("prefillThroughput",))
+    if p.text("ttftSource", "prefillThroughput") != "prefillThroughput":
+        p.issue("ttftSource", "not supported yet: llm-d's latency predictor is not built in burstsched")
     throughput = p.number("peakPrefillThroughput", 15928.0, minimum=0.0)
     if throughput == 0.0:
         if penalty > 0:
