@@ -17,7 +17,7 @@ from burstsched.admission.placed_groups import PlacedGroup, PlacedGroups
 from burstsched.admission.placement import GroupPlacer, Placed, Produced, Snapshots, first, warm_blocks
 from burstsched.admission.window import AdmissionWindow, Batch
 from burstsched.config.admission import AdmissionConfig
-from burstsched.framework import Decision, EndpointSnapshot, SchedRequest
+from burstsched.framework import CycleState, Decision, EndpointSnapshot, SchedRequest
 from burstsched.scheduling import Decider
 
 
@@ -194,19 +194,29 @@ class Admission:
         produced = Produced(request, tuple(e.name for e in endpoints), state, version)
         self._produced = (produced, endpoints)
         held.produced = produced
+        if placed is not None and self._join(held, placed, state, open_):
+            return True
         matched = warm_blocks(state, open_)
-        warmest = max(matched.values(), default=0)
-        if placed is not None:
-            group, shared = placed
-            if (
-                shared > warmest
-                and group.members < config.max_per_endpoint
-                and any(e.name == group.endpoint for e in open_)
-            ):
-                held.joins = placed
-                group.members += 1
-                return True
-        return config.bypass_warm and warmest >= config.min_shared_blocks
+        return config.bypass_warm and max(matched.values(), default=0) >= config.min_shared_blocks
+
+    def _join(
+        self,
+        held: _Held,
+        placed: tuple[PlacedGroup, int],
+        state: CycleState,
+        open_: Sequence[EndpointSnapshot],
+    ) -> bool:
+        """Whether ``held`` joins the placed group it belongs to (and if so, mark it): the group's endpoint is
+        open (healthy, not saturated) and below ``max_per_endpoint`` of the group, and no open endpoint is
+        known to hold as much of the prompt as the group shares (else the index decides)."""
+        group, shared = placed
+        if group.members >= self._config.max_per_endpoint or not any(e.name == group.endpoint for e in open_):
+            return False
+        if max(warm_blocks(state, open_).values(), default=0) >= shared:
+            return False
+        held.joins = placed
+        group.members += 1
+        return True
 
     def _schedule_alone(self, request: SchedRequest) -> Decision:
         last, self._produced = self._produced, None
@@ -224,19 +234,43 @@ class Admission:
             decision = self._schedule_alone(held.request)
             took = self._clock.now() - started
             if held.joins is not None:
-                group, shared = held.joins
-                decision = first(decision, group.endpoint)
-                role, size = Role.JOINED, group.members
-                return {
-                    ticket: Admitted(decision, batch.window_id, group.group_id, role, size, shared, 0.0, took)
-                }
+                return {ticket: self._joined(batch.window_id, held, decision, took)}
             return {ticket: Admitted(decision, batch.window_id, None, Role.BYPASS, 1, 0, 0.0, took)}
-        entries = batch.entries
+        joined = self._joiners(batch.entries)
+        entries = tuple((ticket, held) for ticket, held in batch.entries if ticket not in joined)
         produced = {ticket: held.produced for ticket, held in entries if held.produced is not None}
         placed = self._placer.place([(ticket, held.request) for ticket, held in entries], produced)
         took = self._clock.now() - started
         self._remember(batch.window_id, entries, placed)
-        return {ticket: _admitted(batch.window_id, p, took) for ticket, p in placed.items()}
+        admitted = {ticket: _admitted(batch.window_id, p, took) for ticket, p in placed.items()}
+        for ticket, held in joined.items():
+            admitted[ticket] = self._joined(batch.window_id, held, self._schedule_alone(held.request), took)
+        return admitted
+
+    def _joiners(self, entries: Sequence[tuple[str, _Held]]) -> dict[str, _Held]:
+        """The requests of a sealed window that join a group placed in an earlier window: one whose
+        placement had not run yet when they arrived (a window is placed just after it seals)."""
+        if not self._groups.enabled:
+            return {}
+        now = self._clock.now()
+        joined: dict[str, _Held] = {}
+        for ticket, held in entries:
+            placed = self._groups.find(held.request.block_hashes, now)
+            if placed is None:
+                continue
+            request = held.request
+            endpoints = self._endpoints(request)
+            open_ = [e for e in endpoints if e.healthy and not self._scheduler.saturated(e)]
+            state = self._scheduler.produce(request, endpoints)
+            if self._join(held, placed, state, open_):
+                joined[ticket] = held
+        return joined
+
+    def _joined(self, window_id: int, held: _Held, decision: Decision, took: float) -> Admitted:
+        assert held.joins is not None
+        group, shared = held.joins
+        decision = first(decision, group.endpoint)
+        return Admitted(decision, window_id, group.group_id, Role.JOINED, group.members, shared, 0.0, took)
 
     def _remember(
         self, window_id: int, entries: Sequence[tuple[str, _Held]], placed: Mapping[str, Placed]

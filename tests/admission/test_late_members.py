@@ -209,3 +209,35 @@ def test_shared_with_is_the_common_leading_run(a: list[int], b: list[int]) -> No
         assert found is None
     else:
         assert found is not None and found[1] == common
+
+
+@pytest.mark.anyio
+async def test_a_member_whose_window_opened_before_its_group_was_placed_joins_at_its_own_placement() -> None:
+    """Seen on real vLLM in precise mode (the router tokenizes before admission, so members trickle in): a
+    member arrives after its group's window sealed but before that window's placement ran, and opens a
+    window of its own. When that window is placed, the group's placement is known: the member joins it
+    instead of being placed alone by load (on the other endpoint)."""
+    pool = [endpoint("e1"), endpoint("e2")]
+    sched = scheduler()
+    clock = ManualClock()
+    settings = AdmissionConfig(window_ms=WINDOW_S * 1000, min_shared_blocks=4)
+    results: dict[str, Admitted] = {}
+    first_member, second_member = burst("a", 2)
+    async with Admission(settings, sched, lambda model: pool, clock=clock) as admission:
+
+        async def admit(r: SchedRequest) -> None:
+            results[r.request_id] = await admission.admit(r)
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(admit, first_member)
+                await settle()
+                clock.advance(WINDOW_S)  # the first window seals; its placement is started, not run yet
+                tg.start_soon(admit, second_member)
+                await settle()
+                clock.advance(WINDOW_S)
+    first, second = results["a0"], results["a1"]
+    assert first.role is Role.LEADER
+    assert second.role is Role.JOINED and second.waited_s >= WINDOW_S  # placed at its own window's end
+    assert second.window_id != first.window_id and second.group_id == first.group_id
+    assert second.endpoint.name == first.endpoint.name
