@@ -40,6 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a replica's base URL, optionally named; repeat for each; replaces the config's endpoints",
     )
     parser.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="NAME=ADDRESS",
+        help="where endpoint NAME publishes its KV-cache events, as for burstsched serve; repeat for each",
+    )
+    parser.add_argument(
+        "--kv-events-replay",
+        action="append",
+        default=[],
+        metavar="NAME=ADDRESS",
+        help="endpoint NAME's KV-event replay socket, as for burstsched serve; repeat for each",
+    )
+    parser.add_argument(
         "--tokenizer",
         metavar="PATH|remote",
         help="token ids for the precise prefix producer, as for burstsched serve",
@@ -61,7 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source = config_source(args.config, endpoints=args.endpoint, tokenizer=args.tokenizer)
+    source = config_source(
+        args.config,
+        endpoints=args.endpoint,
+        kv_events=args.kv_events,
+        kv_events_replay=args.kv_events_replay,
+        tokenizer=args.tokenizer,
+    )
     try:
         config = source()
     except ConfigError as exc:
@@ -95,6 +115,6 @@ async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None
         ) as epp:
             gc.collect()
             gc.freeze()  # as serve does: the objects alive now stay out of the collector's walks
-            logging.getLogger(__name__).warning("burstsched epp: serving ext_proc on %s", epp.target)
+            print(f"burstsched epp: serving ext_proc on {epp.target}", file=sys.stderr, flush=True)
             async for _ in signals:
                 return

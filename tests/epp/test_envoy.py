@@ -20,9 +20,8 @@ from burstsched.epp.service import RunningEpp, running_epp
 from burstsched.epp.wire import endpoint_address
 from burstsched.sim import SimPool
 from burstsched.wire.sse import data_payloads
+from burstsched.workloads.gateway import DESTINATION, EnvoyMode, RunningEnvoy, envoy
 from tests.router.helpers import eventually, router_config
-
-from .envoy import DESTINATION, EnvoyMode, RunningEnvoy, envoy
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "kv-demo"

@@ -21,8 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from burstsched.epp.wire import endpoint_address
 from burstsched.sim import SimPool
 from burstsched.testing.ports import free_port
-
-from .envoy import DESTINATION, EnvoyMode, envoy
+from burstsched.workloads.gateway import DESTINATION, EnvoyMode, envoy
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
