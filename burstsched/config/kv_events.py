@@ -4,11 +4,17 @@ vLLM publishes its events on a ZMQ PUB socket (``--kv-events-config '{"enable_kv
 "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'``). The router
 subscribes to every replica's stream: an endpoint's own ``kv_events`` address wins, else the templates below
 fill in the replica URL's ``{host}`` (IPv6 in brackets), ``{port}`` and the endpoint's ``{name}``.
+
+Central mode (``bind``, llm-d's ``zmqEndpoint``) turns that round: the router binds one SUB socket and every
+replica's publisher connects to it (vLLM connects when its ``endpoint`` is not a wildcard, e.g.
+``tcp://router:5557``). The replicas are then told apart by the topic, which each must set to
+``kv@<host>:<port>@<model>`` (its own URL's host and port, as llm-d's precise producer expects) or
+``kv@<name>@<model>`` (the endpoint's name).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def check_zmq_address(value: str | None) -> str | None:
@@ -34,6 +40,13 @@ class KVEventsConfig(BaseModel):
         description="Replay (ROUTER) address of every endpoint without its own, e.g. tcp://{host}:5558; "
         "null: no replay, so a gap in the sequence drops the endpoint's entries (rebuilt from later events).",
     )
+    bind: str | None = Field(
+        default=None,
+        description="Central mode: the address the router binds one SUB socket on (e.g. tcp://0.0.0.0:5557) "
+        "for every replica's publisher to connect to; replicas are told apart by the topic "
+        "kv@<host>:<port>@<model> (or kv@<name>@<model>). An endpoint's own kv_events address still "
+        "wins; null: the router connects to each replica's publisher.",
+    )
     topic: str = Field(
         default="",
         description="Subscription prefix of the topic frame ('' takes every topic); vLLM's default "
@@ -42,6 +55,20 @@ class KVEventsConfig(BaseModel):
     replay_timeout_ms: float = Field(
         default=2000.0, gt=0, description="Longest wait for a replay to finish before giving it up."
     )
+
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, value: str | None) -> str | None:
+        return check_zmq_address(value)
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> KVEventsConfig:
+        if self.bind is not None and self.endpoint_template is not None:
+            raise ValueError(
+                "bind (the replicas connect to the router) and endpoint_template (the router connects to "
+                "each replica) are two ways to find the same streams: set one"
+            )
+        return self
 
     @field_validator("endpoint_template", "replay_template")
     @classmethod

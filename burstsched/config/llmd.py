@@ -255,6 +255,8 @@ def _explain(plugin: _Plugin, profile: _Profile) -> str:
             f" {scorer.name!r}" if scorer.name not in (None, scorer.type) else ""
         )
         where = "" if listed else " (the scorer is in no scheduling profile that routes: not used)"
+    if translated.explain:
+        where += f"; {translated.explain}"
     return text + where
 
 

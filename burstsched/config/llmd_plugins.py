@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from burstsched.config.admission import AdmissionConfig
+from burstsched.config.kv_events import check_zmq_address
 from burstsched.config.llmd_params import Params
 from burstsched.config.models import PluginSpec
 
@@ -145,31 +146,51 @@ def _precise_producer(name: str, p: Params) -> Translated:
     events = p.nested("kvEventsConfig")
     events.text("engineType", "vllm", choices=("vllm",))
     topic = events.text("topicFilter", "")
-    if events.has("zmqEndpoint"):
-        events.accept("zmqEndpoint")
-        events.issue(
-            "zmqEndpoint",
-            "not supported yet: central ZMQ mode (every replica publishing to one socket the router binds) "
-            "is not built; burstsched subscribes to each replica's own publisher (discoverPods: true)",
-        )
-    if not events.flag("discoverPods", True):  # llm-d's default
+    central = events.text("zmqEndpoint", "")
+    if central:
+        check = _zmq_address_issue(central)
+        if check:
+            events.issue("zmqEndpoint", check)
+    discover = events.flag("discoverPods", True)  # llm-d's default
+    if not discover and not central:
         events.issue(
             "discoverPods",
-            "must be true: burstsched subscribes to each replica's own publisher "
-            "(podDiscoveryConfig.socketPort)",
+            "must be true unless zmqEndpoint is set: with neither, llm-d follows no replica's events",
         )
     discovery = events.nested("podDiscoveryConfig")
     port = discovery.integer("socketPort", _SOCKET_PORT, minimum=1, maximum=65535)
     discovery.finish()
     events.accept("concurrency")  # a worker count: burstsched reads events on its own loop
     events.finish()
+    explain = ""
+    kv_events: dict[str, Any]
+    if central:
+        kv_events = {"bind": central, "topic": topic}
+        explain = (
+            f"central mode: binds {central} for the replicas' publishers (vLLM's kv-events endpoint "
+            "tcp://<router>:<port>, topic kv@<pod-ip>:<port>@<model>)"
+        )
+        if discover:
+            explain += (
+                "; llm-d also dials each pod's socketPort (discoverPods), where a replica publishing to a "
+                "central socket binds nothing: burstsched does not"
+            )
+    else:
+        kv_events = {"endpoint_template": f"tcp://{{host}}:{port}", "topic": topic}
     parameters: dict[str, Any] = {"speculative_ttl_ms": ttl_ms if speculative else 0.0}
     if block_size is not None:
         parameters["block_size"] = block_size
     spec = PluginSpec(type="precise-prefix-producer", name=name, parameters=parameters)
-    kv_events = {"endpoint_template": f"tcp://{{host}}:{port}", "topic": topic}
     tokenizer = {"source": "remote"} if tokenizers else None
-    return Translated("producer", spec, kv_events=kv_events, tokenizer=tokenizer)
+    return Translated("producer", spec, kv_events=kv_events, tokenizer=tokenizer, explain=explain)
+
+
+def _zmq_address_issue(address: str) -> str:
+    try:
+        check_zmq_address(address)
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def _precise_scorer(name: str, p: Params) -> Translated:

@@ -1,7 +1,9 @@
 """The event hub: follows every replica's KV-event stream and hands the batches to the consumer plugins.
 
 The app's lifespan owns it: :meth:`KVEventHub.run` runs one :class:`EventStream` per endpoint with an events
-address until cancelled, with one ZMQ context for all. The consumers (plugins implementing
+address until cancelled, with one ZMQ context for all. In central mode (addresses with ``sources``) the
+streams read from one :class:`~burstsched.kvcache.central.CentralSocket` the hub binds, which sorts the
+messages by topic. The consumers (plugins implementing
 :class:`~burstsched.framework.KVEventConsumer`, e.g. the precise prefix producer) are told when an endpoint's
 stream starts (``on_kv_stream_live``), each batch in sequence order, each reset, and when it stops. An
 observer (the router's metrics) counts events, lag, gaps, replays, resets and undecodable messages.
@@ -17,11 +19,19 @@ from typing import Protocol
 import anyio
 import zmq
 import zmq.asyncio
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from burstsched.framework import KVEventConsumer
 from burstsched.kvcache.addresses import StreamAddress
+from burstsched.kvcache.central import CentralSocket
 from burstsched.kvcache.stream import EventStream
-from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from burstsched.prefix.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEventMessage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +85,7 @@ class KVEventHub:
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._context: zmq.asyncio.Context | None = None
+        self._central: CentralSocket | None = None
 
     def stream(self, endpoint: str) -> EventStream | None:
         return self._streams.get(endpoint)
@@ -91,8 +102,13 @@ class KVEventHub:
         context = zmq.asyncio.Context()
         self._context = context
         try:
+            central = next((a.events for a in self._addresses if a.central), None)
+            if central is not None:  # bound before anything starts: a socket that cannot bind fails the start
+                self._central = CentralSocket(central, context, self, topic=self._topic)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                if self._central is not None:
+                    tg.start_soon(self._central.run)
                 for address in self._addresses:
                     self.add_endpoint(address)
                 task_status.started()
@@ -101,6 +117,9 @@ class KVEventHub:
         finally:
             self._tg = None
             self._context = None
+            if self._central is not None:
+                self._central.close()
+                self._central = None
             for endpoint in self._streams:
                 for consumer in self._consumers:
                     consumer.on_kv_stream_closed(endpoint)
@@ -111,6 +130,9 @@ class KVEventHub:
     def add_endpoint(self, address: StreamAddress) -> None:
         """Follow one more endpoint's stream (while :meth:`run` runs); one already followed is left as is."""
         if self._tg is None or self._context is None or address.endpoint in self._streams:
+            return
+        central = self._central_for(address) if address.central else None
+        if address.central and central is None:
             return
         stream = EventStream(
             address.endpoint,
@@ -126,8 +148,51 @@ class KVEventHub:
         self._scopes[address.endpoint] = scope
         for consumer in self._consumers:
             consumer.on_kv_stream_live(address.endpoint)
-        self._tg.start_soon(self._follow, stream, scope)
-        log.info("following KV events of %s at %s", address.endpoint, address.events)
+        if central is not None:
+            self._tg.start_soon(self._follow_central, stream, central.register(address), scope)
+            log.info(
+                "following KV events of %s on %s, topics naming %s",
+                address.endpoint,
+                address.events,
+                " or ".join(address.sources),
+            )
+        else:
+            self._tg.start_soon(self._follow, stream, scope)
+            log.info("following KV events of %s at %s", address.endpoint, address.events)
+
+    def _central_for(self, address: StreamAddress) -> CentralSocket | None:
+        """The central socket, bound on first use; None (logged) when it cannot be."""
+        assert self._tg is not None and self._context is not None
+        central = self._central
+        if central is None:
+            try:
+                central = CentralSocket(address.events, self._context, self, topic=self._topic)
+            except zmq.ZMQError as exc:
+                log.error(
+                    "KV events: cannot bind %s (%s): %s is matched by the approximate index",
+                    address.events,
+                    exc,
+                    address.endpoint,
+                )
+                return None
+            self._central = central
+            self._tg.start_soon(central.run)
+        elif central.address != address.events:
+            log.error(
+                "KV events: %s asks for central socket %s but %s is bound; not followed",
+                address.endpoint,
+                address.events,
+                central.address,
+            )
+            return None
+        return central
+
+    @staticmethod
+    async def _follow_central(
+        stream: EventStream, messages: MemoryObjectReceiveStream[KVEventMessage], scope: anyio.CancelScope
+    ) -> None:
+        with scope:
+            await stream.follow(messages)
 
     def follow_in_process(self, endpoint: str) -> None:
         """Take ``endpoint``'s events from a caller on this loop (an in-process replica's engine hands each
@@ -147,6 +212,8 @@ class KVEventHub:
             return
         if scope is not None:
             scope.cancel()
+        if self._central is not None:
+            self._central.unregister(endpoint)
         for consumer in self._consumers:
             consumer.on_kv_stream_closed(endpoint)
         log.info("stopped following KV events of %s", endpoint)

@@ -33,6 +33,7 @@ from typing import Protocol
 
 import zmq
 import zmq.asyncio
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from burstsched.prefix.kv_events import (
     REPLAY_END_SEQ,
@@ -105,8 +106,7 @@ class EventStream:
         sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         try:
             sub.connect(self.address)
-            if self.replay_address is not None:
-                await self._fill(0, None, had_state=False)  # catch up on what the replica still buffers
+            await self.catch_up()
             while True:
                 frames = await sub.recv_multipart()
                 try:
@@ -117,6 +117,18 @@ class EventStream:
                 await self.accept(message)
         finally:
             sub.close(linger=0)
+
+    async def follow(self, messages: MemoryObjectReceiveStream[KVEventMessage]) -> None:
+        """Central mode: apply the messages another socket received for this endpoint, until cancelled."""
+        await self.catch_up()
+        async with messages:
+            async for message in messages:
+                await self.accept(message)
+
+    async def catch_up(self) -> None:
+        """Replay whatever the replica still buffers, so the view covers its history from the start."""
+        if self.replay_address is not None:
+            await self._fill(0, None, had_state=False)
 
     async def accept(self, message: KVEventMessage) -> None:
         """Apply one received message, replaying or resetting first if the sequence broke."""

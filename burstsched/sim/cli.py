@@ -47,8 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", default=None, help="folder with tokenizer.json and tokenizer_config.json"
     )
-    parser.add_argument("--kv-events-endpoint", default=None, help="ZMQ PUB endpoint, e.g. tcp://*:5557")
-    parser.add_argument("--kv-events-topic", default=d.kv_events_topic)
+    parser.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="ZMQ PUB endpoint: tcp://*:5557 binds, tcp://HOST:PORT connects (a router's central socket)",
+    )
+    parser.add_argument(
+        "--kv-events-topic",
+        default=d.kv_events_topic,
+        help="topic of every message; {host}, {port}, {model} are filled in, e.g. kv@{host}:{port}@{model}",
+    )
     parser.add_argument("--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER endpoint for replays")
     parser.add_argument("--kv-events-encoding", choices=("map", "array"), default=d.kv_events_encoding)
     parser.add_argument(

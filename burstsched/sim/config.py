@@ -19,7 +19,9 @@ class SimConfig:
 
     ``name`` None lets a pool name its replicas ``sim-0``, ``sim-1``…; ``port`` 0 picks a free port.
     ``max_model_len`` None means ``min(16384, usable KV capacity in tokens)``.
-    ``kv_events_endpoint`` None disables KV events; ``tcp://127.0.0.1:*`` binds a free port.
+    ``kv_events_endpoint`` None disables KV events; ``tcp://127.0.0.1:*`` binds a free port, and an address
+    without a wildcard is connected to (a router's central socket), as vLLM does. ``kv_events_topic`` may
+    say ``{host}``, ``{port}`` and ``{model}`` (the replica's own, filled in once its port is bound).
     ``max_waiting_requests`` 0 means no limit (vLLM has none); past the limit requests get 429.
     ``default_output_tokens``: how many tokens a request without ``max_tokens`` generates before it
     stops (``finish_reason`` "stop"), standing in for a model's end-of-sequence token.

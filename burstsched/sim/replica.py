@@ -94,7 +94,7 @@ class SimReplica:
             if cfg.kv_events_endpoint is not None:
                 self.publisher = KVEventPublisher(
                     cfg.kv_events_endpoint,
-                    topic=cfg.kv_events_topic,
+                    topic=kv_events_topic(cfg, self.port),
                     replay_endpoint=cfg.kv_events_replay_endpoint,
                     encoding=cfg.kv_events_encoding,
                 )
@@ -224,3 +224,13 @@ async def _close_listeners(server: uvicorn.Server) -> None:
         await asyncio.sleep(0)
     for listener in listeners:
         listener.close()
+
+
+def kv_events_topic(config: SimConfig, port: int) -> str:
+    """The topic with ``{host}``, ``{port}`` and ``{model}`` filled in, as a pod spec fills in its own
+    address for llm-d's central mode (``kv@{host}:{port}@{model}``); vLLM takes the topic as given."""
+    return (
+        config.kv_events_topic.replace("{host}", config.host)
+        .replace("{port}", str(port))
+        .replace("{model}", config.served_model_name)
+    )

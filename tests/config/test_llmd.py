@@ -428,9 +428,9 @@ _PICKER_ONLY = "schedulingProfiles: [{name: default, plugins: [{pluginRef: max-s
         ),
         (
             "- {type: precise-prefix-cache-producer, parameters: {kvEventsConfig:"
-            " {zmqEndpoint: 'tcp://*:5557', discoverPods: true}}}",
+            " {zmqEndpoint: '0.0.0.0:5557'}}}",
             "plugins[0].parameters.kvEventsConfig.zmqEndpoint",
-            ["precise-prefix-cache-producer", "not supported"],
+            ["precise-prefix-cache-producer", "must be a ZMQ address"],
         ),
         (
             "- {type: precise-prefix-cache-producer, parameters: {kvEventsConfig:"
