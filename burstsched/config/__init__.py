@@ -2,6 +2,7 @@
 
 from burstsched.config.admission import AdmissionConfig
 from burstsched.config.errors import ConfigError, ConfigIssue
+from burstsched.config.flow_control import FlowControlConfig, HeadroomConfig, QueueBoundsConfig
 from burstsched.config.kv_events import KVEventsConfig
 from burstsched.config.loader import (
     LoadedConfig,
@@ -47,6 +48,9 @@ __all__ = [
     "CircuitConfig",
     "ConfigError",
     "ConfigIssue",
+    "FlowControlConfig",
+    "HeadroomConfig",
+    "QueueBoundsConfig",
     "DiscoveryConfig",
     "DispatchConfig",
     "EndpointConfig",

@@ -12,6 +12,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from burstsched.config.admission import AdmissionConfig
+from burstsched.config.flow_control import FlowControlConfig
 from burstsched.config.kv_events import KVEventsConfig, check_zmq_address
 from burstsched.config.prewarm import PrewarmConfig
 from burstsched.config.saturation import SaturationConfig
@@ -498,6 +499,11 @@ class RouterConfig(StrictModel):
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     prewarm: PrewarmConfig = Field(default_factory=PrewarmConfig)
+    flow_control: FlowControlConfig = Field(
+        default_factory=FlowControlConfig,
+        description="The router's own queue while the endpoints a request could go to have no room: "
+        "priorities, fairness between flows, and release by prefix as endpoints get room.",
+    )
     saturation: SaturationConfig = Field(
         default_factory=SaturationConfig,
         description="When an endpoint counts as saturated: the saturation-filter drops such endpoints and "

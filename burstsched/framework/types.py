@@ -51,7 +51,8 @@ class EndpointSnapshot:
     ``in_flight`` is the router's own count of requests it has sent there and that have not finished
     (never stale); ``pending`` is load placed there by the current admission window but not dispatched yet.
     ``queued_prefill_tokens`` is the router's own estimate of the prompt tokens still to be computed by the
-    requests it sent there that have not produced their first token (never stale);
+    requests it sent there that have not produced their first token (never stale), ``prefilling`` how many
+    of those requests still have prompt tokens to compute;
     ``prefill_tokens_per_s`` is the replica's prefill speed learned from its metrics (None until known);
     ``engine_tokens_per_prompt_token`` how many of the replica's tokens one of the router's prompt tokens
     came to on the requests it sent there (its ``prompt_tokens`` counter over the router's count; None until
@@ -72,6 +73,7 @@ class EndpointSnapshot:
     num_gpu_blocks: int | None = None
     pending: int = 0
     queued_prefill_tokens: int = 0
+    prefilling: int = 0
     prefill_tokens_per_s: float | None = None
     engine_tokens_per_prompt_token: float | None = None
     ttft: TtftEstimate | None = None

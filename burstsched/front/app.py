@@ -47,6 +47,7 @@ from burstsched.dispatch import (
     upstream_request_headers,
 )
 from burstsched.dispatch.drain import Drainer
+from burstsched.flow import Disconnected, FlowQueue, FlowRefused, identify
 from burstsched.framework import ApiKind, KVEventConsumer, PluginContext, PluginRegistry
 from burstsched.front.auth import AuthMiddleware, AuthSettings
 from burstsched.front.draining import RefuseWhileDraining
@@ -92,6 +93,8 @@ class Router:
     """Traffic recording (``recording:``): one line per dispatched request (None: off)."""
     prewarmer: Prewarmer | None = None
     """Copies of hot shared prefixes to idle endpoints (``prewarm:``; None: off)."""
+    flow: FlowQueue | None = None
+    """The flow-control queue (``flow_control:``; None: off)."""
 
     async def handle_completion(
         self, api: ApiKind, scope: Scope, receive: Receive, send: Send, trace: RequestTrace | None = None
@@ -107,6 +110,8 @@ class Router:
         try:
             body = await read_body(receive, header_map, self.config.limits.max_body_bytes)
             parsed = parse_request(api, body)
+            if self.pool.healthy_count() == 0 and self.flow is not None:  # a pool scaling from zero
+                await self.flow.wait_ready(lambda: self.pool.healthy_count() > 0)
             if self.pool.healthy_count() == 0:
                 self.metrics.request_done(None, "unavailable")
                 await error_response(503, "no healthy endpoint")(scope, receive, send)
@@ -148,16 +153,33 @@ class Router:
             await error_response(503, str(exc))(scope, receive, send)
             return
         decision = admitted.decision
-        self.metrics.observe_decision(decision)
+        role, shared_blocks = str(admitted.role), admitted.shared_blocks
         self.metrics.observe_admission(admitted.role, admitted.waited_s, admitted.group_size)
         if trace is not None:
             trace.admitted(admitted)
+        if self.flow is not None:
+            identity = identify(client_headers, self.config.flow_control)
+            try:
+                released = await self.flow.hold(request, admitted, identity, len(body), receive)
+            except FlowRefused as exc:
+                self.metrics.request_done(None, "throttled" if exc.status == 429 else "unavailable")
+                refusal = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else {}
+                await error_response(exc.status, exc.message, headers=refusal)(scope, receive, send)
+                return
+            except Disconnected:
+                self.metrics.request_done(None, "cancelled")
+                return
+            if released.queued:
+                decision, role, shared_blocks = released.decision, str(released.role), released.shared_blocks
+                if trace is not None:
+                    trace.queued(released.waited_s, identity.priority, identity.flow, released.overtook)
+        self.metrics.observe_decision(decision)
         if self.prewarmer is not None:
             self.prewarmer.consider(api, parsed.payload, request, decision)
         headers = upstream_request_headers(client_headers, request_id)
         prefill_cap = None
-        if str(admitted.role) in _SHARING_ROLES:  # its group's prefix is computed once, by the group's first
-            prefill_cap = max(0, request.prompt_tokens - admitted.shared_blocks * request.block_tokens)
+        if role in _SHARING_ROLES:  # its group's prefix is computed once, by the group's first
+            prefill_cap = max(0, request.prompt_tokens - shared_blocks * request.block_tokens)
         served = await self.dispatcher.forward(
             parsed,
             request,
@@ -274,6 +296,12 @@ async def _reset(request: Request) -> Response:
     router.scheduler.reset()
     router.admission.reset()
     return JSONResponse({"status": "reset"})
+
+
+async def _queue(request: Request) -> Response:
+    """The flow-control queue now: requests and bytes per priority band, each band's flows and oldest wait."""
+    flow = _router(request.scope).flow
+    return JSONResponse(flow.describe() if flow is not None else {"enabled": False, "requests": 0})
 
 
 async def _reload(request: Request) -> Response:
@@ -463,6 +491,17 @@ def create_app(
             if tracing is not None:
                 metrics.watch_trace_export(tracing.batcher.counts)
             admission = Admission(config.admission, scheduler, pool.snapshots)
+            flow = None
+            if config.flow_control.enabled:
+                flow = FlowQueue(
+                    config.flow_control,
+                    scheduler,
+                    pool.snapshots,
+                    min_shared_blocks=config.admission.min_shared_blocks,
+                    max_per_endpoint=config.admission.max_per_endpoint,
+                    room_source=pool,
+                    metrics=metrics,
+                )
             prewarmer = None
             if config.prewarm.enabled:
                 prewarmer = Prewarmer(
@@ -479,6 +518,7 @@ def create_app(
             )
             app.state.router.clock = clock
             app.state.router.prewarmer = prewarmer
+            app.state.router.flow = flow
             app.state.router.discovery_source = source.source
             router = app.state.router
 
@@ -511,6 +551,8 @@ def create_app(
 
             app.state.router.recorder = recorder
             await pool.refresh()
+            if flow is not None:
+                await resources.enter_async_context(flow)  # refuses what is still queued at shutdown
             async with admission, anyio.create_task_group() as tg:
                 if hub is not None:
                     # a reload may add endpoints, whose streams the hub then follows
@@ -540,6 +582,7 @@ def create_app(
         Route("/admin/reset", _reset, methods=["POST"]),
         Route("/admin/reload", _reload, methods=["POST"]),
         Route("/admin/endpoints", _endpoints, methods=["GET"]),
+        Route("/admin/queue", _queue, methods=["GET"]),
     ]
     body_timeout_s = config.limits.body_timeout_ms / 1000.0
     middleware = [

@@ -52,6 +52,8 @@ class _EndpointState:
     last_scrape: float = -math.inf
     in_flight: int = 0
     queued_prefill: int = 0
+    prefilling: int = 0
+    """The router's requests here with prefill tokens still to compute (before their first token)."""
     prefill_demand: DecayingRate = field(default_factory=lambda: DecayingRate(DEMAND_TIME_CONSTANT_S))
     """Prompt tokens per second the router has recently sent here to be computed (its prefill demand)."""
     prefill_rate: float | None = None
@@ -146,6 +148,7 @@ class EndpointPool:
         self._clock = clock
         self._configured_models = tuple(models)
         self._staleness = config.staleness_threshold_ms / 1000.0
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def names(self) -> list[str]:
@@ -175,6 +178,7 @@ class EndpointPool:
             block_size=metrics.block_size,
             num_gpu_blocks=metrics.num_gpu_blocks,
             queued_prefill_tokens=state.queued_prefill,
+            prefilling=state.prefilling,
             prefill_tokens_per_s=state.prefill_rate,
             engine_tokens_per_prompt_token=state.engine_tokens_per_prompt_token,
             ttft=state.ttft.estimate(),
@@ -259,6 +263,7 @@ class EndpointPool:
         state.queued_prefill += prefill_tokens
         state.sent_prompt_tokens += prompt_tokens
         if prefill_tokens > 0:
+            state.prefilling += 1
             state.prefill_demand.add(prefill_tokens, self._clock())
 
     def load(self, name: str) -> tuple[int, int]:
@@ -276,14 +281,31 @@ class EndpointPool:
         """A request sent with :meth:`acquire` produced its first token: its prefill is no longer queued."""
         state = self._state(name)
         state.queued_prefill = max(0, state.queued_prefill - prefill_tokens)
+        if prefill_tokens > 0:
+            state.prefilling = max(0, state.prefilling - 1)
+        self._notify()
 
     def release(self, name: str, prefill_tokens: int = 0) -> None:
         """The request is over; ``prefill_tokens``: what of its prefill :meth:`prefill_done` did not take."""
         state = self._state(name)
         state.in_flight = max(0, state.in_flight - 1)
         state.queued_prefill = max(0, state.queued_prefill - prefill_tokens)
+        if prefill_tokens > 0:
+            state.prefilling = max(0, state.prefilling - 1)
         if state.draining and state.in_flight == 0:
             self._retire(state)
+        self._notify()
+
+    def on_room(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` whenever an endpoint may have more room: a request it was sent produced its
+        first token or ended, or a scrape brought new figures (the flow-control queue's wake-up). Returns the
+        function that removes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def report_success(self, name: str) -> None:
         state = self._state(name)
@@ -483,6 +505,7 @@ class EndpointPool:
         state.last_scrape = self._clock()
         _learn_prefill_rate(state, metrics)
         _learn_token_ratio(state, metrics)
+        self._notify()
 
     async def check_health(self, name: str) -> None:
         """``GET /health`` (and ``/v1/models`` when healthy) for ``name``."""
@@ -507,6 +530,8 @@ class EndpointPool:
         if not state.healthy:
             log.info("endpoint %s is healthy", name)
             state.since = self._clock()
+            state.healthy = True
+            self._notify()
         state.healthy = True
         state.joining = False
         state.failures = 0

@@ -49,6 +49,7 @@ _PLUGIN_BUCKETS = (
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0)
 _GROUP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+_FLOW_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _LAG_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
@@ -302,6 +303,28 @@ class RouterMetrics:
             buckets=_GROUP_BUCKETS,
             registry=self.registry,
         )
+        self._flow_depths: dict[tuple[str, str], int] = {}
+        self.flow_queued = Gauge(
+            "burstsched_flow_queue_requests",
+            "Requests held in the router's flow-control queue, by priority band and flow.",
+            ["priority", "flow"],
+            registry=self.registry,
+        )
+        self.flow_wait = Histogram(
+            "burstsched_flow_queue_wait_seconds",
+            "Time requests spent in the flow-control queue, by priority band and outcome (released, "
+            "cancelled, shed, full, expired, no_endpoint, shutdown).",
+            ["priority", "outcome"],
+            buckets=_FLOW_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.flow_overtook = Histogram(
+            "burstsched_flow_queue_overtaken",
+            "Per request released from the flow-control queue: how many requests queued before it were still "
+            "waiting (how far the prefix-aware order passed them over).",
+            buckets=_GROUP_BUCKETS,
+            registry=self.registry,
+        )
         self.estimated_hit_ratio = Histogram(
             "burstsched_prefix_estimated_hit_ratio",
             "Per scheduled request: share of its prefix blocks the chosen endpoint held by the prefix "
@@ -507,6 +530,23 @@ class RouterMetrics:
         _child(self._wait_children, self.admission_wait, role).observe(waited_s)
         if role == "leader":
             self.group_size.observe(group_size)
+
+    def flow_depth(self, priority: int, flow: str, delta: int) -> None:
+        """A request entered (+1) or left (-1) the flow-control queue (a flow's series goes once empty)."""
+        labels = (str(priority), flow)
+        depth = self._flow_depths.get(labels, 0) + delta
+        if depth > 0:
+            self._flow_depths[labels] = depth
+            self.flow_queued.labels(*labels).set(depth)
+        elif labels in self._flow_depths:
+            del self._flow_depths[labels]
+            self.flow_queued.remove(*labels)
+
+    def flow_done(self, priority: int, outcome: str, waited_s: float, overtook: int) -> None:
+        """A request left the flow-control queue (or was refused at its door) after ``waited_s``."""
+        self.flow_wait.labels(str(priority), outcome).observe(waited_s)
+        if outcome == "released":
+            self.flow_overtook.observe(overtook)
 
     def tokenized(self, outcome: str) -> None:
         self.tokenizations.labels(outcome).inc()

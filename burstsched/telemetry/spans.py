@@ -274,6 +274,19 @@ class RequestTrace:
         else:
             self._schedule_event(outcome.decision, at=started, extra=values)
 
+    def queued(self, waited_s: float, priority: int, flow: str, overtook: int) -> None:
+        """The request waited in the flow-control queue: an event at its release, with the wait."""
+        self._span.add_event(
+            attr.EVENT_QUEUE,
+            {
+                attr.QUEUE_WAITED_S: waited_s,
+                attr.QUEUE_PRIORITY: priority,
+                attr.QUEUE_FLOW: flow,
+                attr.QUEUE_OVERTOOK: overtook,
+            },
+            timestamp=self._recorder.clock_ns(),
+        )
+
     def _schedule_span(
         self, decision: Decision, *, start: int, end: int, extra: Mapping[str, AttributeValue]
     ) -> None:

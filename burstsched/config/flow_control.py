@@ -1,0 +1,117 @@
+"""The ``flow_control:`` section: the router's own queue while the pool has no room (``burstsched.flow``).
+
+Its knobs follow llm-d's flow control where they mean the same thing (priority bands from the request's
+inference objective, flows from its fairness id, sheddable below priority 0, a queue TTL, capacity bounds),
+so an llm-d user finds them; what burstsched adds is *when* a queued request goes and *where*: when an
+endpoint has room, the queued prefix group the scheduler ranks that endpoint first for, warm groups first.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class HeadroomConfig(BaseModel):
+    """When an endpoint has room for one more request from the queue."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    max_prefill_ms: float = Field(
+        default=500.0,
+        gt=0,
+        description="An endpoint has room while the prompt tokens the router sent it that have not produced "
+        "their first token would take less than this to compute at its measured prefill speed (learned from "
+        "its metrics): long enough to keep its engine busy, short enough that the order of what waits is "
+        "the router's to choose. One request always goes when the endpoint has any room.",
+    )
+    max_prefill_requests: int = Field(
+        default=2,
+        ge=1,
+        description="Until an endpoint's prefill speed is known: at most this many of the router's requests "
+        "still before their first token there.",
+    )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="At most this many of the router's requests in flight on one endpoint (llm-d's "
+        "concurrency-detector maxConcurrency); null: no bound (vLLM reports no max_num_seqs to derive it).",
+    )
+    max_waiting: int | None = Field(
+        default=None,
+        ge=0,
+        description="No room while the replica's own waiting queue (its last scrape) is longer than this; "
+        "null: not used (the router's own figures are never stale).",
+    )
+    max_kv_usage: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="No room while the replica's KV-cache usage (its last scrape) is at or above this.",
+    )
+
+
+class QueueBoundsConfig(BaseModel):
+    """How much one priority band may hold."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    max_requests: int | None = Field(default=None, ge=1, description="Queued requests; null: no bound.")
+    max_bytes: int | None = Field(default=None, ge=1, description="Queued request bodies in bytes.")
+
+
+class FlowControlConfig(BaseModel):
+    """The router's queue: requests held while every endpoint they could go to has no room."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    enabled: bool = Field(
+        default=False,
+        description="Hold requests in the router while the endpoint they would go to has no room (see "
+        "headroom), and release them by priority, fairness and prefix as endpoints get room. Off: every "
+        "request is sent at once and waits in the replica's own queue.",
+    )
+    headroom: HeadroomConfig = Field(default_factory=HeadroomConfig)
+    max_reorder_ms: float = Field(
+        default=2000.0,
+        ge=0,
+        description="A queued request waiting this long is released first, to the best endpoint with room, "
+        "whatever its prefix: the bound on how long the cache-aware order may pass it over.",
+    )
+    ttl_ms: float = Field(
+        default=60000.0,
+        gt=0,
+        description="A request queued this long is refused with 429 (503 when no endpoint is ready).",
+    )
+    no_endpoint_wait_ms: float = Field(
+        default=10000.0,
+        ge=0,
+        description="How long a request waits for an endpoint to become ready when the pool has none (a "
+        "pool scaling from zero) before it is refused with 503.",
+    )
+    retry_after_s: int = Field(default=1, ge=1, description="The Retry-After of the queue's 429 answers.")
+    max_requests: int = Field(default=10000, ge=1, description="Requests queued in all bands at once.")
+    max_bytes: int = Field(
+        default=1024 * 1024 * 1024, ge=1, description="Request bodies queued in all bands at once, in bytes."
+    )
+    bands: dict[int, QueueBoundsConfig] = Field(
+        default_factory=dict, description="Bounds per priority band (by priority); bands not listed: none."
+    )
+    fairness: Literal["round-robin", "strict"] = Field(
+        default="round-robin",
+        description="Between the flows of one band: round-robin releases first from the flows released "
+        "least; strict ignores flows (one order for the band).",
+    )
+    objectives: dict[str, int] = Field(
+        default_factory=dict,
+        description="Priority of each inference objective a request names in x-llm-d-inference-objective "
+        "(as an InferenceObjective's priority); unnamed or unknown objectives get default_priority. Below 0 "
+        "is sheddable: refused with 429 rather than queued.",
+    )
+    api_key_priorities: dict[str, int] = Field(
+        default_factory=dict,
+        description="Priority of the requests made with each API key (auth.api_keys), when they name no "
+        "objective.",
+    )
+    default_priority: int = Field(default=0, description="The priority of a request nothing else sets.")

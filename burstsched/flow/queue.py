@@ -1,0 +1,552 @@
+"""The flow-control queue: requests held in the router while the endpoint they would go to has no room.
+
+``await queue.hold(...)`` after admission decided where a request goes: when the queue is empty for its
+model and that endpoint has room (:mod:`.headroom`), the request goes at once, as without flow control.
+Otherwise it waits here, and a *release pass* decides, each time an endpoint may have got room (a request's
+first token or end, a scrape) and every ``tick`` while anything waits, what goes where:
+
+- queued requests sharing a prefix (the same first ``min_shared_blocks`` block hashes, as a burst window
+  groups them) form one group, released together to one endpoint;
+- groups are taken by priority band (highest first), then those waiting longer than ``max_reorder_ms``
+  (oldest first), then, with round-robin fairness, those of the flows released least in their band, then
+  the warmest (the most of their prompt some endpoint holds), then the oldest;
+- each group is ranked by the scheduler, as admission would, over the endpoints with the groups taken
+  before it in this pass counted as their load; it goes when its first endpoint has room. Otherwise it waits
+  for that endpoint (a warm group waits for its cache rather than computing its prefix again elsewhere), its
+  size counted there for the groups after it; an overdue group goes to the best endpoint with room.
+
+Refusals are OpenAI-shaped by the caller (:class:`FlowRefused`): sheddable requests (priority below 0) get
+429 instead of waiting, as do requests over the queue's bounds or past ``ttl_ms`` (503 when no endpoint is
+ready). A client that disconnects while queued leaves at once; nothing is sent for it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Protocol
+
+import anyio
+import anyio.abc
+from starlette.types import Receive
+
+from burstsched.admission import Admitted, Role
+from burstsched.admission.clock import Clock, LoopClock
+from burstsched.admission.placement import first
+from burstsched.config.flow_control import FlowControlConfig
+from burstsched.flow.headroom import Reserved, Room, room_of
+from burstsched.flow.identity import Identity
+from burstsched.framework import (
+    CycleState,
+    Decision,
+    EndpointSnapshot,
+    PrefixMatch,
+    SchedRequest,
+    uncached_tokens,
+)
+from burstsched.scheduling import Decider
+
+log = logging.getLogger(__name__)
+
+Snapshots = Callable[[str], Sequence[EndpointSnapshot]]
+MAX_GROUPS_PER_PASS = 256
+"""Groups one release pass ranks at most (in its order): bounds a pass's work under a deep queue."""
+TICK_S = 0.05
+"""How often a pass runs while requests wait, besides the pool's wake-ups (TTLs, overdue requests)."""
+
+
+class FlowRefused(Exception):
+    """The queue refuses a request: answer ``status`` with ``message`` (and ``Retry-After`` if set)."""
+
+    def __init__(self, status: int, message: str, reason: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class Disconnected(Exception):
+    """The client went away while its request was queued."""
+
+
+class FlowMetrics(Protocol):
+    """What the queue reports (the router's metrics implement it)."""
+
+    def flow_depth(self, priority: int, flow: str, delta: int) -> None: ...
+
+    def flow_done(self, priority: int, outcome: str, waited_s: float, overtook: int) -> None: ...
+
+
+class RoomSource(Protocol):
+    """Who tells the queue when endpoints may have more room (the endpoint pool)."""
+
+    def on_room(self, listener: Callable[[], None]) -> Callable[[], None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """Where a request goes, as the queue let it: ``role`` leader (computes its group's prefix) or member
+    (shares ``shared_blocks`` leading blocks with its group's leader, sent with it); ``queued`` false when it
+    went straight through."""
+
+    decision: Decision
+    role: Role
+    shared_blocks: int
+    waited_s: float
+    queued: bool
+    overtook: int = 0
+    """Requests queued before it that were still waiting when it was released."""
+
+
+@dataclass(eq=False, slots=True)
+class _Item:
+    seq: int
+    request: SchedRequest
+    identity: Identity
+    size: int
+    since: float
+    key: Hashable
+    done: anyio.Event = field(default_factory=anyio.Event)
+    released: Released | None = None
+    refused: FlowRefused | None = None
+    reserved: tuple[str, int] | None = None
+
+
+@dataclass(slots=True)
+class _Band:
+    requests: int = 0
+    bytes: int = 0
+    flows: dict[str, int] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=dict)
+    """Requests released per flow, for round-robin fairness (flows with nothing queued are forgotten)."""
+
+
+class FlowQueue:
+    """The router's flow-control queue; an async context (the app's lifespan runs its release loop)."""
+
+    def __init__(
+        self,
+        config: FlowControlConfig,
+        scheduler: Decider,
+        snapshots: Snapshots,
+        *,
+        min_shared_blocks: int,
+        max_per_endpoint: int,
+        room_source: RoomSource | None = None,
+        metrics: FlowMetrics | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._config = config
+        self._scheduler = scheduler
+        self._snapshots = snapshots
+        self._key_at = min_shared_blocks - 1
+        self._max_per_endpoint = max_per_endpoint
+        self._room_source = room_source
+        self._metrics = metrics
+        self._clock: Clock = clock or LoopClock()
+        self._items: dict[int, _Item] = {}
+        self._order: list[int] = []
+        """Queued items' sequence numbers, ascending (arrival order)."""
+        self._bands: dict[int, _Band] = {}
+        self._models: dict[str, int] = {}
+        """Queued requests per model."""
+        self._reserved: dict[str, Reserved] = {}
+        self._bytes = 0
+        self._seq = 0
+        self._wake = anyio.Event()
+        self._ready_waiters: list[anyio.Event] = []
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> FlowQueue:
+        tasks = anyio.create_task_group()
+        await tasks.__aenter__()
+        self._tasks = tasks
+        if self._room_source is not None:
+            self._unsubscribe = self._room_source.on_room(self._poke)
+        tasks.start_soon(self._run)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        for item in list(self._items.values()):
+            self._refuse(item, FlowRefused(503, "the router is shutting down", "shutdown"))
+        tasks, self._tasks = self._tasks, None
+        assert tasks is not None
+        tasks.cancel_scope.cancel()
+        return await tasks.__aexit__(exc_type, exc, tb)
+
+    # --- the request's side ---------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        return len(self._items)
+
+    async def hold(
+        self,
+        request: SchedRequest,
+        admitted: Admitted,
+        identity: Identity,
+        size: int,
+        receive: Receive | None = None,
+    ) -> Released:
+        """Wait until ``request`` may go; return where. Raises :class:`FlowRefused` or
+        :class:`Disconnected` (``receive``: the client's ASGI receive, watched for its disconnect)."""
+        now = self._clock.now()
+        decision = admitted.decision
+        if not self._models.get(request.model) and self._room_now(request.model, decision.ranked[0].name):
+            return Released(decision, admitted.role, admitted.shared_blocks, 0.0, queued=False)
+        config = self._config
+        if identity.sheddable:
+            self._record(identity.priority, "shed", 0.0)
+            raise FlowRefused(
+                429,
+                f"the pool has no room and this request's priority ({identity.priority}) is sheddable",
+                "shed",
+                config.retry_after_s,
+            )
+        self._check_bounds(identity.priority, size)
+        self._seq += 1
+        key: Hashable = (
+            (request.model, identity.priority, request.block_hashes[self._key_at])
+            if len(request.block_hashes) > self._key_at
+            else (request.model, identity.priority, -self._seq)
+        )
+        item = _Item(self._seq, request, identity, size, now, key)
+        self._add(item)
+        self._poke()
+        try:
+            async with anyio.create_task_group() as tg:
+                if receive is not None:
+                    tg.start_soon(_watch_disconnect, receive, item.done, tg.cancel_scope)
+                await item.done.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            if item.seq in self._items:  # cancelled or disconnected while queued: leave now
+                self._remove(item)
+                self._record(identity.priority, "cancelled", self._clock.now() - item.since)
+            self._unreserve(item)  # released: the caller dispatches it now (or was cancelled meanwhile)
+        if item.released is None and item.refused is None:
+            raise Disconnected()
+        if item.refused is not None:
+            raise item.refused
+        assert item.released is not None
+        return item.released
+
+    async def wait_ready(self, ready: Callable[[], bool]) -> None:
+        """Wait until ``ready()`` (e.g. the pool has a healthy endpoint), at most ``no_endpoint_wait_ms``;
+        checked whenever the pool reports a change, and every tick."""
+        with anyio.move_on_after(self._config.no_endpoint_wait_ms / 1000.0):
+            while not ready():
+                event = anyio.Event()
+                self._ready_waiters.append(event)
+                with anyio.move_on_after(TICK_S):
+                    await event.wait()
+
+    def _check_bounds(self, priority: int, size: int) -> None:
+        config = self._config
+        band = self._bands.get(priority, _Band())
+        bounds = config.bands.get(priority)
+        full = len(self._items) >= config.max_requests or self._bytes + size > config.max_bytes
+        if bounds is not None:
+            full = full or (bounds.max_requests is not None and band.requests >= bounds.max_requests)
+            full = full or (bounds.max_bytes is not None and band.bytes + size > bounds.max_bytes)
+        if full:
+            self._record(priority, "full", 0.0)
+            raise FlowRefused(429, "the router's queue is full", "full", config.retry_after_s)
+
+    # --- bookkeeping ----------------------------------------------------------------------------------
+
+    def _add(self, item: _Item) -> None:
+        self._items[item.seq] = item
+        self._models[item.request.model] = self._models.get(item.request.model, 0) + 1
+        self._order.append(item.seq)
+        band = self._bands.setdefault(item.identity.priority, _Band())
+        band.requests += 1
+        band.bytes += item.size
+        flow = item.identity.flow
+        if flow not in band.flows:
+            band.served.setdefault(flow, min(band.served.values(), default=0))
+        band.flows[flow] = band.flows.get(flow, 0) + 1
+        self._bytes += item.size
+        if self._metrics is not None:
+            self._metrics.flow_depth(item.identity.priority, flow, 1)
+
+    def _remove(self, item: _Item) -> None:
+        del self._items[item.seq]
+        model = item.request.model
+        self._models[model] -= 1
+        if self._models[model] == 0:
+            del self._models[model]
+        index = bisect.bisect_left(self._order, item.seq)
+        del self._order[index]
+        band = self._bands[item.identity.priority]
+        band.requests -= 1
+        band.bytes -= item.size
+        flow = item.identity.flow
+        band.flows[flow] -= 1
+        if band.flows[flow] == 0:
+            del band.flows[flow]
+            band.served.pop(flow, None)
+        if band.requests == 0:
+            del self._bands[item.identity.priority]
+        self._bytes -= item.size
+        if self._metrics is not None:
+            self._metrics.flow_depth(item.identity.priority, flow, -1)
+
+    def _record(self, priority: int, outcome: str, waited_s: float, overtook: int = 0) -> None:
+        if self._metrics is not None:
+            self._metrics.flow_done(priority, outcome, waited_s, overtook)
+
+    def _refuse(self, item: _Item, refusal: FlowRefused) -> None:
+        self._remove(item)
+        item.refused = refusal
+        self._record(item.identity.priority, refusal.reason, self._clock.now() - item.since)
+        item.done.set()
+
+    def _release(self, item: _Item, released: Released, endpoint: str, tokens: int) -> None:
+        overtook = bisect.bisect_left(self._order, item.seq)
+        self._remove(item)
+        band = self._bands.get(item.identity.priority)
+        if band is not None and item.identity.flow in band.served:
+            band.served[item.identity.flow] += 1
+        item.released = dataclasses.replace(released, overtook=overtook)
+        reserved = self._reserved.setdefault(endpoint, Reserved())
+        reserved.tokens += tokens
+        reserved.requests += 1
+        item.reserved = (endpoint, tokens)
+        self._record(item.identity.priority, "released", released.waited_s, overtook)
+        item.done.set()
+
+    def _unreserve(self, item: _Item) -> None:
+        """The released request is being dispatched now: the pool counts it from here on."""
+        if item.reserved is None:
+            return
+        endpoint, tokens = item.reserved
+        item.reserved = None
+        reserved = self._reserved.get(endpoint)
+        if reserved is not None:
+            reserved.tokens -= tokens
+            reserved.requests -= 1
+            if reserved.requests <= 0:
+                del self._reserved[endpoint]
+
+    def _room_now(self, model: str, name: str) -> bool:
+        """Whether endpoint ``name`` has room now (its current snapshot, this queue's reservations)."""
+        for endpoint in self._snapshots(model):
+            if endpoint.name == name:
+                return self._room(endpoint).open
+        return False
+
+    def _room(self, endpoint: EndpointSnapshot) -> Room:
+        return room_of(endpoint, self._config.headroom, self._reserved.get(endpoint.name))
+
+    def describe(self) -> dict[str, object]:
+        """The queue now, for ``GET /admin/queue``."""
+        now = self._clock.now()
+        oldest: dict[int, float] = {}
+        for item in self._items.values():
+            priority = item.identity.priority
+            oldest[priority] = max(oldest.get(priority, 0.0), now - item.since)
+        bands = {
+            str(priority): {
+                "requests": band.requests,
+                "bytes": band.bytes,
+                "oldest_wait_s": round(oldest.get(priority, 0.0), 3),
+                "flows": dict(sorted(band.flows.items())),
+            }
+            for priority, band in sorted(self._bands.items(), reverse=True)
+        }
+        return {
+            "enabled": True,
+            "requests": len(self._items),
+            "bytes": self._bytes,
+            "bands": bands,
+            "reserved": {name: r.requests for name, r in sorted(self._reserved.items())},
+        }
+
+    # --- the release loop -----------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        self._wake.set()
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for event in waiters:
+            event.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake = anyio.Event()
+            if self._items:
+                try:
+                    self.release_pass()
+                except Exception:  # a bug here must not strand every queued request
+                    log.exception("flow control: release pass failed")
+            timeout = TICK_S if self._items else None
+            with anyio.move_on_after(timeout):
+                await self._wake.wait()
+
+    def release_pass(self) -> None:
+        """Refuse what expired, then release what may go now (see the module's docstring)."""
+        now = self._clock.now()
+        self._expire(now)
+        models: dict[str, list[_Item]] = {}
+        for seq in self._order:
+            item = self._items[seq]
+            models.setdefault(item.request.model, []).append(item)
+        for model, items in models.items():
+            self._release_model(model, items, now)
+
+    def _expire(self, now: float) -> None:
+        config = self._config
+        ttl = config.ttl_ms / 1000.0
+        no_endpoint = config.no_endpoint_wait_ms / 1000.0
+        ready: dict[str, bool] = {}
+        for seq in list(self._order):
+            item = self._items[seq]
+            model = item.request.model
+            if model not in ready:
+                ready[model] = any(e.healthy for e in self._snapshots(model))
+            waited = now - item.since
+            if not ready[model] and waited >= no_endpoint:
+                self._refuse(
+                    item, FlowRefused(503, f"no endpoint is ready to serve {model!r}", "no_endpoint")
+                )
+            elif waited >= ttl:
+                status = 429 if ready[model] else 503
+                message = f"the request waited {waited:.1f} s in the router's queue, its limit (ttl_ms)"
+                self._refuse(item, FlowRefused(status, message, "expired", config.retry_after_s))
+
+    def _release_model(self, model: str, items: list[_Item], now: float) -> None:
+        endpoints = self._snapshots(model)
+        rooms = {e.name: self._room(e) for e in endpoints}
+        if not any(r.open for r in rooms.values()):
+            return
+        reorder = self._config.max_reorder_ms / 1000.0
+        groups = self._groups(items, now, reorder)
+        states: list[tuple[tuple[object, ...], list[_Item], SchedRequest, CycleState]] = []
+        for members, cheap_key in groups[:MAX_GROUPS_PER_PASS]:
+            leader = members[0].request
+            as_one = dataclasses.replace(leader, group_size=len(members))
+            state = self._scheduler.produce(as_one, endpoints)
+            warmth = _warmth(state, endpoints, len(leader.block_hashes))
+            states.append(((*cheap_key[:3], -warmth, *cheap_key[3:]), members, as_one, state))
+        states.sort(key=lambda entry: entry[0])
+        pending: dict[str, int] = {}
+        for sort_key, members, as_one, state in states:
+            if not any(r.open for r in rooms.values()):
+                return
+            overdue = sort_key[1] == 0
+            loaded = [dataclasses.replace(e, pending=e.pending + pending.get(e.name, 0)) for e in endpoints]
+            decision = self._scheduler.schedule(as_one, loaded, produced=state)
+            ranked = [scored.name for scored in decision.ranked]
+            if not ranked:
+                continue
+            target = _target(ranked, rooms, decision, overdue)
+            if target is None:
+                pending[ranked[0]] = pending.get(ranked[0], 0) + len(members)
+                continue
+            self._release_group(members[: self._max_per_endpoint], decision, target, rooms[target], now)
+            pending[target] = pending.get(target, 0) + len(members)
+
+    def _groups(
+        self, items: list[_Item], now: float, reorder: float
+    ) -> list[tuple[list[_Item], tuple[object, ...]]]:
+        """The queued groups of one model, with their order key before warmth: (-priority, not overdue,
+        fairness count, then (after warmth) the oldest member's arrival)."""
+        grouped: dict[Hashable, list[_Item]] = {}
+        for item in items:  # arrival order: each group's first member is its oldest
+            grouped.setdefault(item.key, []).append(item)
+        round_robin = self._config.fairness == "round-robin"
+        out: list[tuple[list[_Item], tuple[object, ...]]] = []
+        for members in grouped.values():
+            oldest = members[0]
+            priority = oldest.identity.priority
+            overdue = now - oldest.since >= reorder
+            served = 0
+            if round_robin:
+                band = self._bands.get(priority)
+                served = min((band.served.get(m.identity.flow, 0) for m in members), default=0) if band else 0
+            out.append((members, (-priority, 0 if overdue else 1, served, oldest.seq)))
+        out.sort(key=lambda entry: entry[1])
+        return out
+
+    def _release_group(
+        self, members: Sequence[_Item], decision: Decision, target: str, room: Room, now: float
+    ) -> None:
+        leader = members[0].request
+        chosen = first(decision, target)
+        match = decision.matches.get(target)
+        for index, item in enumerate(members):
+            request = item.request
+            if index == 0:
+                tokens = uncached_tokens(request, match)
+                released = Released(chosen, Role.LEADER, 0, now - item.since, queued=True)
+            else:
+                shared = _shared_blocks(leader.block_hashes, request.block_hashes)
+                tokens = max(0, request.prompt_tokens - shared * request.block_tokens)
+                released = Released(chosen, Role.MEMBER, shared, now - item.since, queued=True)
+            room.take(tokens)
+            self._release(item, released, target, tokens)
+
+
+def _target(ranked: Sequence[str], rooms: dict[str, Room], decision: Decision, overdue: bool) -> str | None:
+    """Where a group goes now: its first-ranked endpoint if that has room; else the best-ranked one with
+    room that holds as much of its prompt (moving loses no cache: a cold group takes any room); an overdue
+    group takes the best-ranked room whatever it holds; None: it waits for its endpoint."""
+    if rooms[ranked[0]].open:
+        return ranked[0]
+    with_room = [name for name in ranked if rooms[name].open]
+    if not with_room:
+        return None
+    if overdue:
+        return with_room[0]
+    wanted = _matched(decision, ranked[0])
+    return next((name for name in with_room if _matched(decision, name) >= wanted), None)
+
+
+def _matched(decision: Decision, name: str) -> int:
+    match = decision.matches.get(name)
+    return match.matched_blocks if match is not None else 0
+
+
+def _warmth(state: CycleState, endpoints: Sequence[EndpointSnapshot], total: int) -> float:
+    """The largest share of the request's blocks any endpoint holds (0: cold everywhere)."""
+    if total <= 0:
+        return 0.0
+    best = 0
+    for endpoint in endpoints:
+        match = state.get(endpoint.name, PrefixMatch)
+        if match is not None and match.total_blocks > 0:
+            best = max(best, round(match.matched_blocks * total / match.total_blocks))
+    return best / total
+
+
+def _shared_blocks(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    """Leading blocks two chains share (chained hashes: equal at block i means equal up to i)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+async def _watch_disconnect(receive: Receive, done: anyio.Event, scope: anyio.CancelScope) -> None:
+    """Return when the client disconnects (cancelling the wait), unless its request is decided first."""
+    while not done.is_set():
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
