@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 
 from burstsched.config import ConfigError, RouterConfig
+from burstsched.epp.picker import DEFAULT_MAX_WAIT_S
 from burstsched.epp.service import Tls, running_epp
 from burstsched.server.reload import config_source
 
@@ -66,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also name the N next-best endpoints after the pick, comma-separated, in the destination header "
         "and metadata (default: %(default)s; an original_dst cluster needs 0, it reads one IP:PORT)",
     )
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        default=DEFAULT_MAX_WAIT_S,
+        metavar="S",
+        help="the longest a request waits in admission (burst window, queue) before it is scheduled alone; "
+        "keep it below the gateway's ext_proc message_timeout (default: %(default)s)",
+    )
     parser.add_argument("--cert", type=Path, help="TLS certificate chain (PEM); with --key, serve TLS")
     parser.add_argument("--key", type=Path, help="TLS private key (PEM)")
     parser.add_argument(
@@ -93,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.cert is None) != (args.key is None):
         print("burstsched epp: give both --cert and --key, or neither", file=sys.stderr)
         return 2
+    if args.max_wait <= 0:
+        print("burstsched epp: --max-wait must be positive", file=sys.stderr)
+        return 2
     if args.fallbacks < 0:
         print("burstsched epp: --fallbacks must be 0 or more", file=sys.stderr)
         return 2
@@ -111,7 +123,13 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with running_epp(
-            config, host=args.host, port=args.port, fallbacks=args.fallbacks, tls=tls, grace_s=args.grace
+            config,
+            host=args.host,
+            port=args.port,
+            fallbacks=args.fallbacks,
+            tls=tls,
+            grace_s=args.grace,
+            max_wait_s=args.max_wait,
         ) as epp:
             gc.collect()
             gc.freeze()  # as serve does: the objects alive now stay out of the collector's walks

@@ -4,6 +4,13 @@ The picker uses the router's own parts (config, pool, admission, scheduler, metr
 prewarmer), built by the same assembly as ``serve``. It answers a :class:`Pick` (the endpoints, best
 first) or a :class:`Refusal` (an HTTP status and an OpenAI error, sent as an immediate response).
 A client-sent ``x-gateway-destination-endpoint`` is never read: the picker decides from the body alone.
+
+The gateway waits for the decision at most its ext_proc ``message_timeout`` (Envoy's default: 200 ms), and
+a request it stops waiting for fails (500, or proxied undecided when the filter fails open). So the wait in
+admission (the burst window, and a queue that holds requests while the pool is saturated) is capped at
+``max_wait_s``, to be set below the gateway's ``message_timeout``: a request still waiting then leaves
+admission and is scheduled alone on the pool as it is (as a request that bypasses the window is). It loses
+its burst mates' co-location, never its answer.
 """
 
 from __future__ import annotations
@@ -11,18 +18,24 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from dataclasses import dataclass
 
-from burstsched.admission import AdmissionClosed, AdmissionQueueFull, Admitted, NoEndpointAvailable
+import anyio
+
+from burstsched.admission import AdmissionClosed, AdmissionQueueFull, Admitted, NoEndpointAvailable, Role
 from burstsched.epp.wire import endpoint_address
 from burstsched.framework import ApiKind, EndpointSnapshot, SchedRequest, uncached_tokens
 from burstsched.front.app import Router
 from burstsched.front.request import ParsedRequest, RequestError, parse_request
+from burstsched.scheduling import NoEndpointsError
 from burstsched.tokenization import TokenizationError
 
 log = logging.getLogger(__name__)
 
 _APIS = {"/v1/chat/completions": ApiKind.CHAT, "/v1/completions": ApiKind.COMPLETIONS}
+DEFAULT_MAX_WAIT_S = 0.15
+"""The default cap on a request's wait in admission: under Envoy's default ``message_timeout`` (200 ms)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +77,23 @@ def api_of(path: str) -> ApiKind | None:
 
 
 class Picker:
-    """Decides for the router's pool; ``fallbacks``: how many next-best endpoints follow the pick."""
+    """Decides for the router's pool; ``fallbacks``: how many next-best endpoints follow the pick;
+    ``max_wait_s``: the longest a request waits in admission before it is scheduled alone."""
 
-    def __init__(self, router: Router, *, fallbacks: int = 0, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        fallbacks: int = 0,
+        rng: random.Random | None = None,
+        max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    ) -> None:
         self._router = router
         self._fallbacks = fallbacks
         self._rng = rng if rng is not None else random.Random()
+        self._max_wait_s = max_wait_s
+        self.capped = 0
+        """Requests whose admission wait reached ``max_wait_s`` (scheduled alone)."""
 
     async def pick(
         self, path: str, headers: dict[str, str], body: bytes | None, subset: frozenset[str] | None
@@ -94,13 +118,27 @@ class Picker:
         candidates = [e for e in router.pool.snapshots(model) if _allowed(e, subset)]
         if not any(e.healthy for e in candidates):
             return Refusal(503, f"no healthy endpoint serves model {model!r}", "unavailable")
+        started = time.monotonic()
+        admitted: Admitted | None = None
         try:
-            admitted = await router.admission.admit(request, candidates)
+            with anyio.move_on_after(self._max_wait_s):
+                admitted = await router.admission.admit(request, candidates)
+            if admitted is None:
+                admitted = self._alone(request, subset, time.monotonic() - started)
         except AdmissionQueueFull as exc:
             return Refusal(429, str(exc), "throttled", headers=(("retry-after", str(exc.retry_after_s)),))
-        except (NoEndpointAvailable, AdmissionClosed) as exc:
+        except (NoEndpointAvailable, AdmissionClosed, NoEndpointsError) as exc:
             return Refusal(503, str(exc), "unavailable")
         return self._admitted(api, parsed, request, admitted, subset)
+
+    def _alone(self, request: SchedRequest, subset: frozenset[str] | None, waited_s: float) -> Admitted:
+        """A request whose wait in admission reached the cap: scheduled alone on the pool as it is now."""
+        self.capped += 1
+        log.info("request %s waited %.3f s in admission: scheduled alone", request.request_id, waited_s)
+        candidates = [e for e in self._router.pool.snapshots(request.model) if _allowed(e, subset)]
+        started = time.monotonic()
+        decision = self._router.scheduler.schedule(request, candidates)
+        return Admitted(decision, None, None, Role.BYPASS, 1, 0, waited_s, time.monotonic() - started)
 
     def _admitted(
         self,

@@ -27,7 +27,7 @@ from grpc_health.v1._async import HealthServicer
 
 from burstsched.config import RouterConfig
 from burstsched.epp.pb.ext_proc_pb2 import ProcessingRequest, ProcessingResponse
-from burstsched.epp.picker import Picker
+from burstsched.epp.picker import DEFAULT_MAX_WAIT_S, Picker
 from burstsched.epp.session import Session
 from burstsched.framework import PluginRegistry
 from burstsched.front.app import Router, create_app
@@ -95,8 +95,10 @@ async def running_epp(
     registry: PluginRegistry | None = None,
     rng: random.Random | None = None,
     grace_s: float = 5.0,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
 ) -> AsyncIterator[RunningEpp]:
-    """Assemble the router, serve the picker on ``host:port`` (0: a free port) until the block ends."""
+    """Assemble the router, serve the picker on ``host:port`` (0: a free port) until the block ends;
+    ``max_wait_s``: the cap on a request's wait in admission (see :mod:`burstsched.epp.picker`)."""
     app = create_app(config, registry=registry, rng=rng)
     async with app.router.lifespan_context(app):
         router: Router = app.state.router
@@ -113,7 +115,11 @@ async def running_epp(
             ]
         )
         server.add_generic_rpc_handlers(
-            [ExternalProcessor(router, Picker(router, fallbacks=fallbacks, rng=rng)).handler()]
+            [
+                ExternalProcessor(
+                    router, Picker(router, fallbacks=fallbacks, rng=rng, max_wait_s=max_wait_s)
+                ).handler()
+            ]
         )
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
