@@ -29,6 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "epp": ("burstsched.epp.cli", "run the scheduler as a gateway's endpoint picker (Envoy ext_proc)"),
     "demo": ("burstsched.workloads.demo", "run the seed experiment on a 2-replica pool and print its table"),
     "check": ("burstsched.server.check", "validate config files offline (burstsched's or llm-d's)"),
+    "config": (
+        "burstsched.server.config_show",
+        "config show: the effective config, defaults filled in, and origins",
+    ),
     "replay": ("burstsched.replay.cli", "replay a recorded trace on a simulated pool through router configs"),
 }
 
