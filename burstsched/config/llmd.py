@@ -33,7 +33,7 @@ YAML document (``spec.selector.matchLabels``, ``spec.targetPorts``). Its selecto
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -529,6 +529,9 @@ def _check_data_layer(
         issues.append(ConfigIssue("dataLayer", "must be a mapping with sources"))
         return
     for key in raw:
+        refs = list(_plugin_refs(raw[key]))
+        if refs and all(ref in refused for ref in refs):
+            continue  # e.g. discovery by a refused multi-cluster plugin: its own line says it all
         if key != "sources":
             issues.append(
                 ConfigIssue(
@@ -553,6 +556,19 @@ def _check_data_layer(
             ref = extractor.get("pluginRef") if isinstance(extractor, Mapping) else None
             roles = ("extractor", "producer")  # the precise producer reads endpoint notifications
             _check_layer_ref(f"{path}.extractors[{j}].pluginRef", ref, roles, plugins, refused, issues)
+
+
+def _plugin_refs(value: object) -> Iterator[str]:
+    """Every ``pluginRef`` named anywhere in ``value``."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key == "pluginRef" and isinstance(item, str):
+                yield item
+            else:
+                yield from _plugin_refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _plugin_refs(item)
 
 
 def _check_request_handler(
