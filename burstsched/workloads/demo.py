@@ -49,8 +49,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help="comma-separated config names from --config-dir, rotated each round",
+        help="comma-separated config names from --config-dir, or paths of YAML files (either format, an "
+        "llm-d EndpointPickerConfig as it is), rotated each round",
     )
+
+
+def policy_config(config_dir: Path, policy: str) -> Path:
+    """A policy's config file: a path ending in .yaml as given, else NAME.yaml in ``config_dir``."""
+    return Path(policy) if policy.endswith((".yaml", ".yml")) else config_dir / f"{policy}.yaml"
+
+
+def policy_label(policy: str) -> str:
+    """How the table names a policy: a file's stem, or the name."""
+    return Path(policy).stem if policy.endswith((".yaml", ".yml")) else policy
 
 
 def policy_order(policies: list[str], round_index: int) -> list[str]:
@@ -86,7 +97,7 @@ async def _run_policy(
     client: httpx.AsyncClient, pool: PoolHandle, policy: str, contexts: list[str], args: argparse.Namespace
 ) -> list[PairRecord]:
     await pool.reset_prefix_caches(client)
-    config = args.config_dir / f"{policy}.yaml"
+    config = policy_config(args.config_dir, policy)
     start = gateway_process if args.via == "envoy" else router_process
     async with start(config, pool.endpoints, extra_args=pool.router_args) as router_url:
         return await run_pairs(client, router_url, pool.replicas, contexts, pool.model, args.max_tokens)
@@ -94,7 +105,7 @@ async def _run_policy(
 
 def run(args: argparse.Namespace) -> int:
     records = anyio.run(run_demo, args)
-    summaries = [summarize(policy, pairs) for policy, pairs in records.items()]
+    summaries = [summarize(policy_label(policy), pairs) for policy, pairs in records.items()]
     print()
     print(format_table(summaries))
     if args.json is not None:
