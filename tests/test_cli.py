@@ -44,7 +44,7 @@ def test_check_accepts_an_llmd_file_and_summarizes_its_profile(capsys: pytest.Ca
     assert "scorers:   prefix-cache-scorer x3, queue-scorer x2, kv-utilization-scorer x2" in out
     assert "picker:    max-score-picker" in out
     assert "admission: off" in out
-    assert "pool selector app=vllm-llama3 port 8000 is recorded but not acted on" in out
+    assert "Kubernetes discovery of the pods labelled app=vllm-llama3 (the pool selector), port 8000" in out
 
 
 def test_check_takes_several_files_and_every_shipped_config_passes(

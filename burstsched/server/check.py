@@ -147,7 +147,7 @@ def _endpoints(config: RouterConfig) -> str:
     if selector is not None:
         labels = ",".join(f"{k}={v}" for k, v in selector.match_labels.items())
         return (
-            f"none listed; pool selector {labels} port {selector.target_port} is recorded but not acted on "
-            "(no discovery yet): give --endpoint to serve"
+            f"none listed: Kubernetes discovery of the pods labelled {labels} (the pool selector), port "
+            f"{selector.target_port}; --endpoint lists them instead"
         )
     return "none listed: give --endpoint to serve"
