@@ -195,10 +195,16 @@ async def test_llm_d_central_mode_config_routes_on_the_replicas_events(
     exact = warm = 0
     async with httpx.AsyncClient(base_url=central_router.url, timeout=30) as client:
         # a publisher's messages before its connection is up are lost, and seen missing (then replayed) only
-        # at its next message: a first request on each replica starts their sequences
-        for name in pool.names:
-            warm_up = {"model": "kv-demo", "messages": [{"role": "user", "content": f"hi {name}"}]}
-            assert (await client.post("/v1/chat/completions", json={**warm_up, "max_tokens": 1})).is_success
+        # at its next message: each replica is sent requests directly until the router has its events
+        for i, url in enumerate(pool.urls):
+            with anyio.fail_after(10):
+                for n in range(10_000):  # a new prompt each time: each stores new blocks, so sends an event
+                    warm_up = {"model": "kv-demo", "prompt": f"warm up {i} {n} " * 40, "max_tokens": 1}
+                    assert (await client.post(f"{url}/v1/completions", json=warm_up)).is_success
+                    await anyio.sleep(0.05)
+                    stream = hub.stream(pool.names[i])
+                    if stream is not None and stream.last_seq is not None and await applied():
+                        break
         for i in range(24):
             doc = documents[i % 3] if i < 12 else documents[3 + i % 3]
             body = {
