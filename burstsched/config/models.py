@@ -91,8 +91,8 @@ class PoolConfig(StrictModel):
 
     selector: PoolSelectorConfig | None = Field(
         default=None,
-        description="Label selector of the replicas, kept for discovery; not acted on yet: the endpoints "
-        "must be listed (endpoints or --endpoint).",
+        description="Label selector of the replicas (an llm-d InferencePool's): with no endpoints listed, "
+        "the router discovers the pods with these labels through the Kubernetes API.",
     )
 
     scrape_interval_ms: float = Field(
