@@ -7,6 +7,13 @@ endpoint's failure, anything else as its success. The scheduler's dispatch hooks
 of a whole-body request when it is picked, of a stream when its response head comes back 2xx (as in
 :mod:`burstsched.dispatch.proxy`).
 
+The router's latency histograms see it as they see a request through ``serve``, timed from the stream's
+first message (the request's headers at the gateway): time to first token at a stream's first response body
+chunk, end to end at the response's end (``burstsched_time_to_first_token_seconds``,
+``burstsched_e2e_request_latency_seconds``), both only where the gateway sends the response body. The end is
+the body's end of stream, or, as Envoy does not always send that last empty message before closing the
+stream, the body's own end: a stream's ``data: [DONE]``, a whole body's ``content-length`` reached.
+
 When the gateway does not send the response body (``response_body_mode: NONE``), the prefill ends with the
 response head instead: for a stream that is when the replica queued it, so its time to first token is not
 observed and the ledger's estimate of it ends early.
@@ -20,18 +27,27 @@ from burstsched.epp.picker import Pick
 from burstsched.front.app import Router
 from burstsched.pool import CircuitState
 
+_DONE = b"data: [DONE]\n\n"
+
 
 class Accounting:
     """One picked request on its endpoint, from the pick to the end of its stream."""
 
-    def __init__(self, router: Router, pick: Pick) -> None:
+    def __init__(self, router: Router, pick: Pick, started: float | None = None) -> None:
+        """``started``: when the request's stream began, on the metrics' clock (None: now)."""
         self._router = router
+        self._started = started if started is not None else router.metrics.clock()
         self._pick = pick
         self._name = pick.endpoint.name
         self._status: int | None = None
         self._prefill = pick.queued_prefill
         self._first_body = False
         self._done = False
+        self._ended = False
+        self._last_seen = False
+        """Nothing of the response comes after its head (no body, or the gateway does not send it)."""
+        self._length: int | None = None
+        self._seen = 0
         pool = router.pool
         claimed = pool.begin_attempt(self._name)
         self._claimed = claimed if claimed is not None else CircuitState.CLOSED
@@ -46,9 +62,11 @@ class Accounting:
     def endpoint_name(self) -> str:
         return self._name
 
-    def response_head(self, status: int, *, body_follows: bool) -> None:
+    def response_head(self, status: int, *, body_follows: bool, content_length: int | None = None) -> None:
         """The response's head came with ``status``; ``body_follows``: the gateway will send its body."""
         self._status = status
+        self._length = content_length
+        self._last_seen = not body_follows
         if not body_follows:
             self._end_prefill()
         if status >= 500:
@@ -56,21 +74,40 @@ class Accounting:
         elif status < 300 and self._pick.stream and self._pick.request is not None:
             self._router.scheduler.on_dispatch(self._pick.request, self._pick.endpoint)
 
-    def response_body(self) -> None:
-        """A response body chunk came; the first ends the request's prefill."""
+    def response_body(self, chunk: bytes) -> None:
+        """A response body chunk came; the first ends the request's prefill, the last (as its bytes say) the
+        response."""
+        self._seen += len(chunk)
+        if self._pick.stream:
+            if chunk.endswith(_DONE):
+                self.response_end()
+        elif self._length is not None and self._seen >= self._length:
+            self.response_end()
         if self._first_body:
             return
         self._first_body = True
         if self._pick.stream and self._status is not None and self._status < 300:
             ahead, in_flight = self._load
             self._router.pool.observe_ttft(self._name, ahead, in_flight - 1, time.monotonic() - self._sent_at)
+            metrics = self._router.metrics
+            metrics.observe_ttft(self._name, metrics.clock() - self._started)
         self._end_prefill()
 
+    def response_end(self) -> None:
+        """The response's last byte went through the picker (its body's or its headers' end of stream)."""
+        if not self._done and not self._ended and self._status is not None:
+            self._ended = True
+            metrics = self._router.metrics
+            metrics.observe_e2e(self._name, metrics.clock() - self._started)
+
     def finish(self, outcome: str | None = None) -> None:
-        """The stream ended (``outcome`` None: judged from the response status)."""
+        """The stream ended (``outcome`` None: judged from the response status; a stream cancelled after the
+        last of its response the picker sees, as Envoy sometimes ends it, is judged so too)."""
         if self._done:
             return
         self._done = True
+        if self._ended or self._last_seen:
+            outcome = None
         pool, metrics = self._router.pool, self._router.metrics
         status = self._status
         if outcome is None:

@@ -23,6 +23,8 @@ from burstsched.server.reload import config_source
 DEFAULT_CONFIG = Path("config") / "default.yaml"
 DEFAULT_PORT = 9002
 """The port gateways' InferencePool ``endpointPickerRef`` uses by default."""
+DEFAULT_METRICS_PORT = 9090
+"""llm-d's picker's metrics port."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the longest a request waits in admission (burst window, queue) before it is scheduled alone; "
         "keep it below the gateway's ext_proc message_timeout (default: %(default)s)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        metavar="PORT",
+        help="Prometheus metrics (GET /metrics, plain HTTP) on this port; 0 for none (default: %(default)s)",
+    )
     parser.add_argument("--cert", type=Path, help="TLS certificate chain (PEM); with --key, serve TLS")
     parser.add_argument("--key", type=Path, help="TLS private key (PEM)")
     parser.add_argument(
@@ -101,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if (args.cert is None) != (args.key is None):
         print("burstsched epp: give both --cert and --key, or neither", file=sys.stderr)
+        return 2
+    if not 0 <= args.metrics_port < 65536:
+        print("burstsched epp: --metrics-port must be a port number, or 0 for none", file=sys.stderr)
         return 2
     if args.max_wait <= 0:
         print("burstsched epp: --max-wait must be positive", file=sys.stderr)
@@ -130,6 +142,7 @@ async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None
             tls=tls,
             grace_s=args.grace,
             max_wait_s=args.max_wait,
+            metrics_port=args.metrics_port or None,
         ) as epp:
             gc.collect()
             gc.freeze()  # as serve does: the objects alive now stay out of the collector's walks

@@ -6,6 +6,9 @@ served, only the lifespan runs. Health (the gRPC health checking protocol, on th
 and the overall service ``""`` serve as soon as the server runs; ``readiness`` and
 ``envoy.service.ext_proc.v3.ExternalProcessor`` once the pool has been checked, and until shutdown.
 
+Metrics: with ``metrics_port``, ``GET /metrics`` over plain HTTP on that port (llm-d's picker uses 9090)
+answers the router's Prometheus page, the same families as ``serve``'s ``/metrics``.
+
 In tests::
 
     async with running_epp(config) as epp:       # 127.0.0.1, a free port, the current event loop
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
@@ -31,6 +35,7 @@ from burstsched.epp.picker import DEFAULT_MAX_WAIT_S, Picker
 from burstsched.epp.session import Session
 from burstsched.framework import PluginRegistry
 from burstsched.front.app import Router, create_app
+from burstsched.telemetry.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,8 @@ class RunningEpp:
     host: str
     port: int
     router: Router
+    metrics_port: int | None = None
+    """The Prometheus port (``GET /metrics``), when one is served."""
 
     @property
     def target(self) -> str:
@@ -96,9 +103,11 @@ async def running_epp(
     rng: random.Random | None = None,
     grace_s: float = 5.0,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[RunningEpp]:
     """Assemble the router, serve the picker on ``host:port`` (0: a free port) until the block ends;
-    ``max_wait_s``: the cap on a request's wait in admission (see :mod:`burstsched.epp.picker`)."""
+    ``max_wait_s``: the cap on a request's wait in admission (see :mod:`burstsched.epp.picker`);
+    ``metrics_port``: serve ``GET /metrics`` there (0: a free port; None: no metrics port)."""
     app = create_app(config, registry=registry, rng=rng)
     async with app.router.lifespan_context(app):
         router: Router = app.state.router
@@ -129,10 +138,28 @@ async def running_epp(
             credentials = grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
             bound = server.add_secure_port(address, credentials)
         await server.start()
+        metrics = await _metrics_site(router, host, metrics_port) if metrics_port is not None else None
         try:
             for name in (READINESS, SERVICE):
                 await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-            yield RunningEpp(host, bound, router)
+            yield RunningEpp(host, bound, router, metrics[1] if metrics is not None else None)
         finally:
             await health.enter_graceful_shutdown()
             await server.stop(grace_s)
+            if metrics is not None:
+                await metrics[0].cleanup()
+
+
+async def _metrics_site(router: Router, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """``GET /metrics`` on ``host:port`` (aiohttp, in this event loop); the runner and the bound port."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=router.metrics.render(), headers={"content-type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, int(runner.addresses[0][1])

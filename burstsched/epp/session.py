@@ -66,6 +66,7 @@ class Session:
         self._body: list[bytes] = []
         self._decided = False
         self._accounting: Accounting | None = None
+        self._started = router.metrics.clock()
         self.refused = False
 
     async def run(self, messages: AsyncIterable[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
@@ -108,6 +109,7 @@ class Session:
         elif kind == "response_trailers":
             yield wire.trailers(request=False)
             if self._accounting is not None:
+                self._accounting.response_end()
                 self._accounting.finish()
 
     async def _request_headers(
@@ -157,7 +159,7 @@ class Session:
             yield answer
 
     def _route(self, pick: Pick, body: bytes | None, *, end_of_stream: bool) -> Iterator[ProcessingResponse]:
-        self._accounting = Accounting(self._router, pick)
+        self._accounting = Accounting(self._router, pick, self._started)
         addresses = pick.addresses
         metadata = wire.destination_metadata(addresses)
         if body is not None and self._request_mode == BUFFERED:
@@ -170,21 +172,26 @@ class Session:
     def _response_headers(self, headers: HttpHeaders) -> Iterator[ProcessingResponse]:
         accounting = self._accounting
         if accounting is not None:
-            status = _status(wire.header_values(headers.headers).get(":status", ""))
+            values = wire.header_values(headers.headers)
             body_follows = not headers.end_of_stream and self._response_mode != NONE
-            accounting.response_head(status, body_follows=body_follows)
+            length = _status(values.get("content-length", "")) if "content-length" in values else None
+            accounting.response_head(
+                _status(values.get(":status", "")), body_follows=body_follows, content_length=length
+            )
         yield wire.response_headers(accounting.endpoint_name if accounting is not None else None)
         if headers.end_of_stream and accounting is not None:
+            accounting.response_end()
             accounting.finish()
 
     def _response_body(self, body: HttpBody) -> Iterator[ProcessingResponse]:
         if self._accounting is not None:
-            self._accounting.response_body()
+            self._accounting.response_body(body.body)
         if self._response_mode == FULL_DUPLEX:
             yield from wire.streamed(body.body, end_of_stream=body.end_of_stream, request=False)
         else:
             yield wire.body_passed(request=False)
         if body.end_of_stream and self._accounting is not None:
+            self._accounting.response_end()
             self._accounting.finish()
 
 

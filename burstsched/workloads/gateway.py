@@ -315,7 +315,7 @@ async def epp_process(
     process and its port once ready. Stopped by PID (SIGTERM, then SIGKILL after a bounded wait)."""
     port = free_port()
     args = [sys.executable, "-m", "burstsched", "epp", "--config", str(config)]
-    args += ["--host", "127.0.0.1", "--port", str(port)]
+    args += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port())]
     for name, url in endpoints:
         args += ["--endpoint", f"{name}={url}"]
     args += list(extra_args)

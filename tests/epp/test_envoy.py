@@ -224,3 +224,52 @@ async def test_admission_shedding_is_429(sims: SimPool, envoy_path: Path, workdi
     shed = next(r for r in responses if r.status_code == 429)
     assert shed.headers["retry-after"] == "1"
     assert shed.json()["error"]["type"]
+
+
+def _sample(page: str, name: str) -> float:
+    """The value of one sample line of a Prometheus page (0 when absent)."""
+    for line in page.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _ok(page: str, endpoints: set[str]) -> float:
+    return sum(_sample(page, f'burstsched_requests_total{{endpoint="{n}",outcome="ok"}}') for n in endpoints)
+
+
+@pytest.mark.parametrize(
+    ("mode", "body_seen"), [(FULL_DUPLEX, True), (BUFFERED, False)], ids=["full-duplex", "buffered"]
+)
+async def test_the_metrics_port_counts_what_the_picker_sees(
+    sims: SimPool, envoy_path: Path, workdir: Path, mode: EnvoyMode, body_seen: bool
+) -> None:
+    """``GET /metrics`` on the picker's metrics port: the requests by endpoint and outcome, and, where the
+    gateway sends the response body, a stream's time to first token and every response's end-to-end time."""
+    async with running_epp(_config(sims), metrics_port=0) as epp:
+        assert epp.metrics_port is not None
+        with envoy(envoy_path, epp.port, mode, workdir) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                with anyio.fail_after(30):
+                    whole = await client.post("/v1/chat/completions", json=_chat("Count me."))
+                    body = _chat("Stream me.", stream=True)
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                        await stream.aread()
+                    name = stream.headers["x-burstsched-endpoint"]
+                    served = {whole.headers["x-burstsched-endpoint"], name}
+                    metrics_url = f"http://127.0.0.1:{epp.metrics_port}/metrics"
+                    page = await client.get(metrics_url)
+
+                    async def both_counted() -> bool:
+                        nonlocal page
+                        page = await client.get(metrics_url)
+                        return _ok(page.text, served) == 2
+
+                    await eventually(both_counted, within_s=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+    text = page.text
+    ttft = _sample(text, f'burstsched_time_to_first_token_seconds_count{{endpoint="{name}"}}')
+    e2e = sum(
+        _sample(text, f'burstsched_e2e_request_latency_seconds_count{{endpoint="{n}"}}') for n in set(served)
+    )
+    assert (ttft, e2e) == ((1.0, 2.0) if body_seen else (0.0, 0.0)), text
