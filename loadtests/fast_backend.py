@@ -1,12 +1,14 @@
 """A zero-delay fake vLLM replica for overhead benchmarks: uvloop, one ``asyncio.Protocol``, fixed answers.
 
     python loadtests/fast_backend.py --port 8001 [--host 127.0.0.1] [--model kv-demo] [--name fast-0]
+                                     [--stream-tokens 1]
 
 HTTP/1.1 with keep-alive (requests on one connection are answered in order, so pipelining works too):
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: a small fixed OpenAI-shaped JSON body, or,
   when the request body says ``"stream": true``, the same answer as server-sent events (chunked, ending in
-  ``data: [DONE]``; a usage chunk when ``stream_options.include_usage`` is true);
+  ``data: [DONE]``; a usage chunk when ``stream_options.include_usage`` is true); ``--stream-tokens N``: a
+  stream carries N token events (the usage then says N completion tokens);
 - ``GET /health`` (200, empty), ``GET /v1/models`` (the one model), ``GET /version``;
 - ``GET /metrics``: a small vLLM-style Prometheus page with the families burstsched scrapes (queue gauges,
   KV usage, cache config, prefill sums) and a ``vllm:request_success_total`` counter of completions served.
@@ -55,7 +57,7 @@ def chunked_response(events: list[bytes]) -> bytes:
 class Answers:
     """Every answer the backend gives, prebuilt for one model name."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, stream_tokens: int = 1) -> None:
         self.model = model
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
         chat_base = {"id": "chatcmpl-fast", "created": 0, "model": model}
@@ -83,17 +85,27 @@ class Answers:
             ),
         )
         chunk = {**chat_base, "object": "chat.completion.chunk"}
+        n = max(1, stream_tokens)
+        stream_usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": 1 + n}
+
+        def last(i: int) -> str | None:
+            return "length" if i == n - 1 else None
+
         self.chat_stream = _streams(
-            [
-                {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-                {**chunk, "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "length"}]},
+            [{**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+            + [
+                {**chunk, "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": last(i)}]}
+                for i in range(n)
             ],
-            {**chunk, "choices": [], "usage": usage},
+            {**chunk, "choices": [], "usage": stream_usage},
         )
         """Without and with the usage chunk."""
         self.completion_stream = _streams(
-            [{**completion_base, "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]}],
-            {**completion_base, "choices": [], "usage": usage},
+            [
+                {**completion_base, "choices": [{"index": 0, "text": "ok", "finish_reason": last(i)}]}
+                for i in range(n)
+            ],
+            {**completion_base, "choices": [], "usage": stream_usage},
         )
         card = {"id": model, "object": "model", "created": 0, "owned_by": "vllm", "root": model}
         self.models = response(200, _json({"object": "list", "data": [{**card, "max_model_len": 4096}]}))
@@ -158,8 +170,8 @@ def _streams(events: list[dict[str, Any]], usage_event: dict[str, Any]) -> tuple
 class Backend:
     """The state all connections share: the prebuilt answers and a count of completions served."""
 
-    def __init__(self, model: str) -> None:
-        self.answers = Answers(model)
+    def __init__(self, model: str, stream_tokens: int = 1) -> None:
+        self.answers = Answers(model, stream_tokens)
         self.served = 0
         self.unknown_paths: set[bytes] = set()
 
@@ -274,16 +286,18 @@ class BackendProtocol(asyncio.Protocol):
         self._transport = None
 
 
-async def start_backend(host: str, port: int, model: str) -> tuple[asyncio.Server, Backend]:
+async def start_backend(
+    host: str, port: int, model: str, stream_tokens: int = 1
+) -> tuple[asyncio.Server, Backend]:
     """Listen on ``host:port`` (0: any free port) in the running loop; the server and its shared state."""
-    backend = Backend(model)
+    backend = Backend(model, stream_tokens)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: BackendProtocol(backend), host, port, backlog=1024)
     return server, backend
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    server, backend = await start_backend(args.host, args.port, args.model)
+    server, backend = await start_backend(args.host, args.port, args.model, args.stream_tokens)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -301,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--model", default="kv-demo", help="the served model name (default: %(default)s)")
     parser.add_argument("--name", default="fast-backend", help="how its log lines begin")
+    parser.add_argument(
+        "--stream-tokens", type=int, default=1, help="token events per stream (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop

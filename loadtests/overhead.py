@@ -3,7 +3,8 @@
     python loadtests/overhead.py [--duration 10] [--clients 1,32] [--backends 2]
         [--config config/default.yaml]
         [--peers sglang:cache_aware,vllm-router:round_robin] [--baseline-ref GIT_REF] [--no-trace]
-        [--no-floor] [--api chat|completions] [--stream] [--slice 1] [--warmup 1]
+        [--no-floor] [--api chat|completions] [--stream] [--stream-tokens 1] [--slice 1] [--warmup 1]
+        [--envoy envoy,envoy+epp,envoy+epp-buffered]
         [--json PATH] [--report loadtests/reports/overhead.md]
 
 Backends: ``--backends`` fake vLLM replicas (loadtests/fast_backend.py: uvloop, prebuilt answers, one process
@@ -19,7 +20,11 @@ stack as burstsched (uvicorn, aiohttp) with no router logic between (loadtests/p
 rows show how much of burstsched's cost is its own; with ``--recording``, ``burstsched+rec`` records
 traffic (``recording:`` on, lines to a temporary file), and so does ``before+rec`` when there is a
 ``--baseline-ref``; and the ``--peers`` from their cached venvs
-(loadtests/peers; skipped with the reason when a venv is absent: ``python -m loadtests.peers`` builds them).
+(loadtests/peers; skipped with the reason when a venv is absent: ``python -m loadtests.peers`` builds them);
+with ``--envoy``, Envoy (one worker thread) alone as a round-robin proxy (``envoy``), and Envoy in front of
+``burstsched epp --config`` in full-duplex ext_proc mode (``envoy+epp``) or with a buffered request body and
+no response body (``envoy+epp-buffered``): their CPU is Envoy's plus the picker's.
+``--stream-tokens N``: each stream of the fast backends carries N token events (with ``--stream``).
 
 Load: per concurrency level, closed-loop clients over keep-alive raw sockets (loadtests/http_load.py; fresh
 connections each slice). After a warm-up per target, the targets take turns in slices of ``--slice`` seconds
@@ -57,6 +62,7 @@ from burstsched.workloads.proc_cpu import group_cpu_seconds, self_cpu_seconds
 from loadtests.http_load import Connection, closed_loop, post_request
 from loadtests.overhead_report import Row, Tally, format_table, markdown_report, summarize
 from loadtests.overhead_targets import (
+    ENVOY_TARGETS,
     REPO,
     Backend,
     Probe,
@@ -65,6 +71,7 @@ from loadtests.overhead_targets import (
     Target,
     burstsched_router,
     check_tree,
+    envoy_target,
     fast_backends,
     git_worktree,
     host_port,
@@ -99,6 +106,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--api", choices=tuple(PATHS), default="chat", help="the endpoint the clients call")
     parser.add_argument("--stream", action="store_true", help='requests say "stream": true (SSE answers)')
+    parser.add_argument(
+        "--stream-tokens", type=int, default=1, help="token events in each stream of the backends (default 1)"
+    )
+    parser.add_argument(
+        "--envoy",
+        default="none",
+        help=f"Envoy targets, comma-separated, or none: {', '.join(ENVOY_TARGETS)} (default: none)",
+    )
     parser.add_argument("--no-trace", dest="trace", action="store_false", help="skip the traced targets")
     parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip the python-floor target")
     parser.add_argument(
@@ -124,8 +139,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def request_body(model: str, api: str, stream: bool) -> bytes:
-    body: dict[str, Any] = {"model": model, "max_tokens": 1, "temperature": 0}
+def request_body(model: str, api: str, stream: bool, max_tokens: int = 1) -> bytes:
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0}
     if api == "chat":
         body["messages"] = [{"role": "user", "content": "hi"}]
     else:
@@ -271,7 +286,11 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
     levels = [int(c) for c in str(args.clients).split(",") if c.strip()]
     peers = [p.strip() for p in str(args.peers).split(",") if p.strip() and p.strip() != "none"]
     config = (args.config if args.config.is_absolute() else REPO / args.config).resolve()
-    probe = Probe(PATHS[args.api], request_body(args.model, args.api, args.stream))
+    probe = Probe(PATHS[args.api], request_body(args.model, args.api, args.stream, args.stream_tokens))
+    envoys = [e.strip() for e in str(args.envoy).split(",") if e.strip() and e.strip() != "none"]
+    unknown = sorted(set(envoys) - set(ENVOY_TARGETS))
+    if unknown:
+        raise SystemExit(f"unknown --envoy targets: {', '.join(unknown)} (known: {', '.join(ENVOY_TARGETS)})")
     setup: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "commit": _git("rev-parse", "--short", "HEAD"),
@@ -286,13 +305,16 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
         "slice_s": args.slice,
         "warmup_s": args.warmup,
         "request": f"POST {probe.path} {probe.body.decode()}",
+        "stream_tokens": args.stream_tokens,
     }
     skipped: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="burstsched-overhead-") as tmp:
         logdir = Path(tmp)
         receiver: Receiver | None = None
         async with AsyncExitStack() as stack:
-            backends = await stack.enter_async_context(fast_backends(args.backends, args.model, logdir))
+            backends = await stack.enter_async_context(
+                fast_backends(args.backends, args.model, logdir, stream_tokens=args.stream_tokens)
+            )
             targets = [Target("direct", backends[0].url)]
             if args.trace:
                 receiver = await stack.enter_async_context(trace_receiver(logdir))
@@ -326,6 +348,9 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
                     await _start(stack, label, starting, targets, skipped)
             if args.floor:
                 await _start(stack, "python-floor", python_floor(backends, logdir, probe), targets, skipped)
+            for name in envoys:
+                starting_envoy = envoy_target(name, config, backends, logdir, probe)
+                await _start(stack, name, starting_envoy, targets, skipped)
             for spec in peers:
                 await _start(stack, spec, peer(spec, backends, probe), targets, skipped)
             run = Run(targets, backends, receiver, probe, args.request_timeout)

