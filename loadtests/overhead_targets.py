@@ -324,7 +324,7 @@ async def envoy_target(
         else:
             port = free_port()
             args = [sys.executable, "-m", "burstsched", "epp", "--config", str(config)]
-            args += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
+            args += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--plaintext"]
             for backend in backends:
                 args += ["--endpoint", f"{backend.name}={backend.url}"]
             epp = await stack.enter_async_context(

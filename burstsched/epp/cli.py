@@ -17,7 +17,8 @@ import anyio
 
 from burstsched.config import ConfigError, RouterConfig
 from burstsched.epp.picker import DEFAULT_MAX_WAIT_S
-from burstsched.epp.service import Tls, running_epp
+from burstsched.epp.service import running_epp
+from burstsched.epp.tls import Tls, self_signed
 from burstsched.server.reload import config_source
 
 DEFAULT_CONFIG = Path("config") / "default.yaml"
@@ -84,8 +85,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="Prometheus metrics (GET /metrics, plain HTTP) on this port; 0 for none (default: %(default)s)",
     )
-    parser.add_argument("--cert", type=Path, help="TLS certificate chain (PEM); with --key, serve TLS")
+    parser.add_argument(
+        "--cert",
+        type=Path,
+        help="TLS certificate chain (PEM), with --key; without them a self-signed one is made at start",
+    )
     parser.add_argument("--key", type=Path, help="TLS private key (PEM)")
+    parser.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="serve gRPC without TLS (the gateway's ext_proc cluster then speaks plain HTTP/2)",
+    )
     parser.add_argument(
         "--grace", type=float, default=5.0, metavar="S", help="seconds for streams in flight at shutdown"
     )
@@ -111,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.cert is None) != (args.key is None):
         print("burstsched epp: give both --cert and --key, or neither", file=sys.stderr)
         return 2
+    if args.plaintext and args.cert is not None:
+        print("burstsched epp: --plaintext and --cert/--key exclude each other", file=sys.stderr)
+        return 2
     if not 0 <= args.metrics_port < 65536:
         print("burstsched epp: --metrics-port must be a port number, or 0 for none", file=sys.stderr)
         return 2
@@ -123,13 +136,25 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    tls = Tls(args.cert, args.key) if args.cert is not None and args.key is not None else None
+    try:
+        tls = _tls(args)
+    except OSError as exc:
+        print(f"burstsched epp: cannot read the certificate or key: {exc}", file=sys.stderr)
+        return 2
     try:
         anyio.run(_serve, config, args, tls)  # asyncio's own loop: grpc.aio does not support uvloop
     except OSError as exc:
         print(f"burstsched epp: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _tls(args: argparse.Namespace) -> Tls | None:
+    if args.plaintext:
+        return None
+    if args.cert is not None and args.key is not None:
+        return Tls.from_files(args.cert, args.key)
+    return self_signed([args.host])
 
 
 async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None) -> None:
@@ -146,6 +171,9 @@ async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None
         ) as epp:
             gc.collect()
             gc.freeze()  # as serve does: the objects alive now stay out of the collector's walks
-            print(f"burstsched epp: serving ext_proc on {epp.target}", file=sys.stderr, flush=True)
+            security = "plaintext" if tls is None else "TLS, self-signed" if tls.generated else "TLS"
+            print(
+                f"burstsched epp: serving ext_proc on {epp.target} ({security})", file=sys.stderr, flush=True
+            )
             async for _ in signals:
                 return

@@ -22,7 +22,6 @@ import random
 from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -33,6 +32,7 @@ from burstsched.config import RouterConfig
 from burstsched.epp.pb.ext_proc_pb2 import ProcessingRequest, ProcessingResponse
 from burstsched.epp.picker import DEFAULT_MAX_WAIT_S, Picker
 from burstsched.epp.session import Session
+from burstsched.epp.tls import Tls
 from burstsched.framework import PluginRegistry
 from burstsched.front.app import Router, create_app
 from burstsched.telemetry.metrics import CONTENT_TYPE
@@ -46,14 +46,6 @@ READINESS = "readiness"
 _MESSAGE_SLACK = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Tls:
-    """The server's certificate chain and key (PEM files)."""
-
-    cert: Path
-    key: Path
-
-
 @dataclass(frozen=True)
 class RunningEpp:
     """A picker serving on ``host:port``; ``router`` holds the live pool, scheduler and metrics."""
@@ -63,6 +55,8 @@ class RunningEpp:
     router: Router
     metrics_port: int | None = None
     """The Prometheus port (``GET /metrics``), when one is served."""
+    tls: Tls | None = None
+    """The certificate it serves, when it serves TLS."""
 
     @property
     def target(self) -> str:
@@ -135,14 +129,14 @@ async def running_epp(
         if tls is None:
             bound = server.add_insecure_port(address)
         else:
-            credentials = grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
+            credentials = grpc.ssl_server_credentials([(tls.key, tls.cert)])
             bound = server.add_secure_port(address, credentials)
         await server.start()
         metrics = await _metrics_site(router, host, metrics_port) if metrics_port is not None else None
         try:
             for name in (READINESS, SERVICE):
                 await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-            yield RunningEpp(host, bound, router, metrics[1] if metrics is not None else None)
+            yield RunningEpp(host, bound, router, metrics[1] if metrics is not None else None, tls)
         finally:
             await health.enter_graceful_shutdown()
             await server.stop(grace_s)

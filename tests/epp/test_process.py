@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 def epp_process(sims: SimPool, workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()
     command = [sys.executable, "-m", "burstsched", "epp", "--config", str(REPO / "config" / "default.yaml")]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--plaintext"]
     for name, url in list(zip(sims.names, sims.urls, strict=True))[:2]:
         command += ["--endpoint", f"{name}={url}"]
     log = (workdir / "epp.log").open("wb")
