@@ -1,13 +1,17 @@
-"""Endpoint discovery: the replicas from the static list, a DNS name, or the Kubernetes API."""
+"""Endpoint discovery: the replicas from the static list, a DNS name, the Kubernetes API, or an
+InferencePool."""
 
 from burstsched.discovery.build import build_discovery
 from burstsched.discovery.dns import DnsDiscovery, Resolver, loop_resolver
+from burstsched.discovery.inference_pool import InferencePoolDiscovery, InferencePoolError
 from burstsched.discovery.kubernetes import KubernetesDiscovery, api_factory, label_selector
 from burstsched.discovery.source import Discovery, StaticDiscovery, address_name, address_url
 
 __all__ = [
     "Discovery",
     "DnsDiscovery",
+    "InferencePoolDiscovery",
+    "InferencePoolError",
     "KubernetesDiscovery",
     "Resolver",
     "StaticDiscovery",

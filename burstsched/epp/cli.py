@@ -16,6 +16,8 @@ from pathlib import Path
 import anyio
 
 from burstsched.config import ConfigError, RouterConfig
+from burstsched.discovery import Discovery, InferencePoolDiscovery, InferencePoolError, api_factory
+from burstsched.discovery.kubernetes import default_namespace
 from burstsched.epp.picker import DEFAULT_MAX_WAIT_S
 from burstsched.epp.service import running_epp
 from burstsched.epp.tls import Tls, self_signed
@@ -56,6 +58,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=ADDRESS",
         help="endpoint NAME's KV-event replay socket, as for burstsched serve; repeat for each",
+    )
+    parser.add_argument(
+        "--pool-name",
+        metavar="NAME",
+        help="discover the endpoints from this InferencePool (inference.networking.k8s.io/v1): its selector "
+        "chooses Ready pods, one endpoint per target port; replaces the config's endpoints and discovery",
+    )
+    parser.add_argument(
+        "--pool-namespace", metavar="NS", help="the InferencePool's namespace (default: the pod's own)"
+    )
+    parser.add_argument(
+        "--kube-api-url",
+        metavar="URL",
+        help="the Kubernetes API (default: the in-cluster config in a pod, else the kubeconfig)",
     )
     parser.add_argument(
         "--tokenizer",
@@ -115,7 +131,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"burstsched epp: {exc}", file=sys.stderr)
         return 2
-    if not config.endpoints and config.discovery.kind == "static" and config.pool.selector is None:
+    pooled = args.pool_name is not None
+    if (
+        not pooled
+        and not config.endpoints
+        and config.discovery.kind == "static"
+        and config.pool.selector is None
+    ):
         print("burstsched epp: no endpoints (give --endpoint or list them in the config)", file=sys.stderr)
         return 2
     if (args.cert is None) != (args.key is None):
@@ -143,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         anyio.run(_serve, config, args, tls)  # asyncio's own loop: grpc.aio does not support uvloop
-    except OSError as exc:
+    except (OSError, InferencePoolError) as exc:
         print(f"burstsched epp: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -157,6 +179,17 @@ def _tls(args: argparse.Namespace) -> Tls | None:
     return self_signed([args.host])
 
 
+def _discovery(args: argparse.Namespace) -> Discovery | None:
+    """The InferencePool's discovery when ``--pool-name`` names one, else the config's (None)."""
+    if args.pool_name is None:
+        return None
+    return InferencePoolDiscovery(
+        api_factory(args.kube_api_url),
+        name=args.pool_name,
+        namespace=args.pool_namespace or default_namespace(),
+    )
+
+
 async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with running_epp(
@@ -168,6 +201,7 @@ async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None
             grace_s=args.grace,
             max_wait_s=args.max_wait,
             metrics_port=args.metrics_port or None,
+            discovery=_discovery(args),
         ) as epp:
             gc.collect()
             gc.freeze()  # as serve does: the objects alive now stay out of the collector's walks

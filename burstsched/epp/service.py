@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from burstsched.config import RouterConfig
+from burstsched.discovery import Discovery
 from burstsched.epp.pb.ext_proc_pb2 import ProcessingRequest, ProcessingResponse
 from burstsched.epp.picker import DEFAULT_MAX_WAIT_S, Picker
 from burstsched.epp.session import Session
@@ -98,11 +99,13 @@ async def running_epp(
     grace_s: float = 5.0,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     metrics_port: int | None = None,
+    discovery: Discovery | None = None,
 ) -> AsyncIterator[RunningEpp]:
     """Assemble the router, serve the picker on ``host:port`` (0: a free port) until the block ends;
     ``max_wait_s``: the cap on a request's wait in admission (see :mod:`burstsched.epp.picker`);
-    ``metrics_port``: serve ``GET /metrics`` there (0: a free port; None: no metrics port)."""
-    app = create_app(config, registry=registry, rng=rng)
+    ``metrics_port``: serve ``GET /metrics`` there (0: a free port; None: no metrics port); ``discovery``:
+    where the endpoints come from instead of the config's (e.g. an InferencePool)."""
+    app = create_app(config, registry=registry, rng=rng, discovery=discovery)
     async with app.router.lifespan_context(app):
         router: Router = app.state.router
         health = HealthServicer()

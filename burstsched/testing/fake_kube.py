@@ -1,5 +1,6 @@
-"""An in-process fake of the Kubernetes API's list and watch of EndpointSlices, for the discovery tests and
-the discovery load test (serve its ``app`` with uvicorn and point ``discovery.api_url`` at it).
+"""An in-process fake of the Kubernetes API's list and watch of EndpointSlices and Pods, and of reading an
+``InferencePool`` (``inference.networking.k8s.io/v1``), for the discovery tests and the discovery load test
+(serve its ``app`` with uvicorn and point ``discovery.api_url`` at it).
 
 It keeps a resourceVersion counter and an event log; a watch from a version older than the log's start
 (``compact``) gets an ERROR event with code 410, as the real API server sends; ``bookmark`` sends a
@@ -19,6 +20,38 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 API_VERSION = "discovery.k8s.io/v1"
+POOL_GROUP = "inference.networking.k8s.io"
+_KINDS = {"EndpointSlice": API_VERSION, "Pod": "v1", "InferencePool": f"{POOL_GROUP}/v1"}
+
+
+def pod(name: str, ip: str, labels: dict[str, str], *, ready: bool = True) -> dict[str, Any]:
+    """A running pod with ``labels`` at ``ip``, Ready or not."""
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [condition]},
+    }
+
+
+def inference_pool(
+    name: str,
+    labels: dict[str, str],
+    ports: list[int],
+    *,
+    picker: str = "epp",
+    failure_mode: str = "FailClose",
+) -> dict[str, Any]:
+    """An ``InferencePool`` selecting pods by ``labels`` on ``ports``, its picker the Service ``picker``."""
+    return {
+        "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "targetPorts": [{"number": p} for p in ports],
+            "endpointPickerRef": {"name": picker, "port": {"number": 9002}, "failureMode": failure_mode},
+        },
+    }
 
 
 def endpoint_slice(
@@ -42,6 +75,7 @@ class FakeKubeApi:
     def __init__(self) -> None:
         self.version = 100
         self.objects: dict[str, dict[str, Any]] = {}
+        """EndpointSlices by name; pods and pools are keyed ``Pod/NAME``, ``InferencePool/NAME``."""
         self.log: list[tuple[int, str, dict[str, Any]]] = []
         self.oldest = 0
         """Watches from a resourceVersion below this get 410 Gone."""
@@ -52,7 +86,11 @@ class FakeKubeApi:
         self._changed = asyncio.Condition()
         self._generation = 0  # drop_watches bumps it: open watches with an older one end
         self.app = Starlette(
-            routes=[Route("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self._endpointslices)]
+            routes=[
+                Route("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self._endpointslices),
+                Route("/api/v1/namespaces/{ns}/pods", self._pods),
+                Route(f"/apis/{POOL_GROUP}/v1/namespaces/{{ns}}/inferencepools/{{name}}", self._pool),
+            ]
         )
 
     async def _notify(self) -> None:
@@ -60,20 +98,22 @@ class FakeKubeApi:
             self._changed.notify_all()
 
     async def put(self, obj: dict[str, Any]) -> None:
-        """Create or replace an object (ADDED or MODIFIED)."""
-        name = obj["metadata"]["name"]
+        """Create or replace an object (ADDED or MODIFIED): an EndpointSlice unless its ``kind`` says
+        ``Pod`` or ``InferencePool``."""
+        kind_name = obj.get("kind", "EndpointSlice")
+        name = _key(kind_name, obj["metadata"]["name"])
         kind = "MODIFIED" if name in self.objects else "ADDED"
         self.version += 1
         obj = json.loads(json.dumps(obj))
-        obj["kind"] = "EndpointSlice"
-        obj["apiVersion"] = API_VERSION
+        obj["kind"] = kind_name
+        obj["apiVersion"] = _KINDS[kind_name]
         obj["metadata"]["resourceVersion"] = str(self.version)
         self.objects[name] = obj
         self.log.append((self.version, kind, obj))
         await self._notify()
 
-    async def delete(self, name: str) -> None:
-        obj = self.objects.pop(name)
+    async def delete(self, name: str, kind: str = "EndpointSlice") -> None:
+        obj = self.objects.pop(_key(kind, name))
         self.version += 1
         obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
         self.log.append((self.version, "DELETED", obj))
@@ -97,27 +137,43 @@ class FakeKubeApi:
         await self._notify()
 
     async def _endpointslices(self, request: Request) -> Response:
+        return self._list_or_watch(request, "EndpointSlice")
+
+    async def _pods(self, request: Request) -> Response:
+        return self._list_or_watch(request, "Pod")
+
+    async def _pool(self, request: Request) -> Response:
+        obj = self.objects.get(_key("InferencePool", request.path_params["name"]))
+        if obj is None:
+            status = {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+            return JSONResponse(status, status_code=404)
+        return JSONResponse(obj)
+
+    def _list_or_watch(self, request: Request, kind: str) -> Response:
         query = dict(request.query_params)
-        service = query.get("labelSelector", "").removeprefix("kubernetes.io/service-name=")
+        selector = _labels(query.get("labelSelector", ""))
         if query.get("watch") in ("true", "1", "True"):
             self.watches.append(query)
-            return StreamingResponse(self._watch(query, service), media_type="application/json")
+            return StreamingResponse(self._watch(query, kind, selector), media_type="application/json")
         self.lists += 1
-        items = [o for o in self.objects.values() if self._selected(o, service)]
+        items = [o for o in self.objects.values() if self._selected(o, kind, selector)]
         return JSONResponse(
             {
-                "kind": "EndpointSliceList",
-                "apiVersion": API_VERSION,
+                "kind": f"{kind}List",
+                "apiVersion": _KINDS[kind],
                 "metadata": {"resourceVersion": str(self.version)},
                 "items": items,
             }
         )
 
     @staticmethod
-    def _selected(obj: dict[str, Any], service: str) -> bool:
-        return bool(obj.get("metadata", {}).get("labels", {}).get("kubernetes.io/service-name") == service)
+    def _selected(obj: dict[str, Any], kind: str, selector: dict[str, str]) -> bool:
+        labels = obj.get("metadata", {}).get("labels", {})
+        return obj.get("kind") == kind and all(labels.get(k) == v for k, v in selector.items())
 
-    async def _watch(self, query: dict[str, str], service: str) -> AsyncIterator[bytes]:
+    async def _watch(
+        self, query: dict[str, str], kind_name: str, selector: dict[str, str]
+    ) -> AsyncIterator[bytes]:
         since = int(query.get("resourceVersion") or self.version)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "True", "1")
         generation = self._generation
@@ -140,12 +196,12 @@ class FakeKubeApi:
                 if kind == "BOOKMARK":
                     if bookmarks:
                         mark = {
-                            "kind": "EndpointSlice",
-                            "apiVersion": API_VERSION,
+                            "kind": kind_name,
+                            "apiVersion": _KINDS[kind_name],
                             "metadata": {"resourceVersion": str(version)},
                         }
                         yield (json.dumps({"type": "BOOKMARK", "object": mark}) + "\n").encode()
-                elif self._selected(obj, service):
+                elif self._selected(obj, kind_name, selector):
                     yield (json.dumps({"type": kind, "object": obj}) + "\n").encode()
             async with self._changed:
                 if generation != self._generation:
@@ -154,3 +210,13 @@ class FakeKubeApi:
                     await self._changed.wait()
             if generation != self._generation:
                 return
+
+
+def _key(kind: str, name: str) -> str:
+    return name if kind == "EndpointSlice" else f"{kind}/{name}"
+
+
+def _labels(selector: str) -> dict[str, str]:
+    """An equality-based label selector (``a=b,c=d``) as a dict."""
+    pairs = (part.split("=", 1) for part in selector.split(",") if "=" in part)
+    return {k.strip(): v.strip() for k, v in pairs}
