@@ -7,7 +7,9 @@ and the overall service ``""`` serve as soon as the server runs; ``readiness`` a
 ``envoy.service.ext_proc.v3.ExternalProcessor`` once the pool has been checked, and until shutdown.
 
 Metrics: with ``metrics_port``, ``GET /metrics`` over plain HTTP on that port (llm-d's picker uses 9090)
-answers the router's Prometheus page, the same families as ``serve``'s ``/metrics``.
+answers the router's Prometheus page, the same families as ``serve``'s ``/metrics``; ``GET /health`` (200
+while the process serves) and ``GET /ready`` (200 once the pool has a healthy endpoint, else 503) are there
+too, for probes that cannot speak gRPC over TLS (Kubernetes' gRPC probes are plaintext only).
 
 In tests::
 
@@ -153,8 +155,17 @@ async def _metrics_site(router: Router, host: str, port: int) -> tuple[web.AppRu
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=router.metrics.render(), headers={"content-type": CONTENT_TYPE})
 
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def ready(_: web.Request) -> web.Response:
+        healthy = router.pool.healthy_count()
+        return web.Response(text=f"{healthy} healthy endpoint(s)", status=200 if healthy else 503)
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -266,7 +266,10 @@ async def test_the_metrics_port_counts_what_the_picker_sees(
                         return _ok(page.text, served) == 2
 
                     await eventually(both_counted, within_s=10)
+                    base = f"http://127.0.0.1:{epp.metrics_port}"
+                    health, ready = await client.get(base + "/health"), await client.get(base + "/ready")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+    assert (health.status_code, ready.status_code) == (200, 200)
     text = page.text
     ttft = _sample(text, f'burstsched_time_to_first_token_seconds_count{{endpoint="{name}"}}')
     e2e = sum(
