@@ -41,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config-dir", type=Path, default=Path("config"), help="folder of the policy configs"
     )
     parser.add_argument(
+        "--replica-cpu-quota",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="real vLLM only: cap each replica at this many CPUs (a cgroup; root only)",
+    )
+    parser.add_argument(
         "--via",
         choices=("serve", "envoy"),
         default="serve",
@@ -75,7 +82,7 @@ async def run_demo(args: argparse.Namespace) -> dict[str, list[PairRecord]]:
     policies = args.policies.split(",")
     records: dict[str, list[PairRecord]] = {p: [] for p in policies}
     async with (
-        open_pool(backend, 2, time_scale=args.time_scale) as pool,
+        open_pool(backend, 2, time_scale=args.time_scale, cpu_quota=args.replica_cpu_quota) as pool,
         httpx.AsyncClient(timeout=120) as client,
     ):
         for round_index in range(args.rounds):
