@@ -17,13 +17,14 @@ A team moving from llm-d brings the file its endpoint picker (EPP) runs::
           - pluginRef: max-score-picker
 
 Each plugin type maps to burstsched's own (:mod:`burstsched.config.llmd_plugins` has the table); an unknown
-type, a parameter with no equivalent, or a feature burstsched does not have (several profiles, flow
-control, ...) is refused with a :class:`ConfigError` naming the plugin and the parameter. Producers come
-first in the profile as in llm-d, where they are not listed in profiles; a ``health-filter`` comes next
-(llm-d's pool holds only ready pods; burstsched keeps unhealthy endpoints out with this filter); a
-prefix-cache scorer with no producer gets llm-d's default, an approximate one; a profile with no picker gets
-``max-score-picker``, as in llm-d. Everything else (timeouts, limits, ...) takes burstsched's defaults, and
-burst admission is off unless a ``burst-prefix-cache-producer`` asks for it.
+type, a parameter with no equivalent, or a feature burstsched does not have (the latency predictor,
+multi-cluster routing, ...) is refused with a :class:`ConfigError` naming the plugin and the parameter.
+Producers come first in the profile as in llm-d, where they are not listed in profiles; a ``health-filter``
+comes next (llm-d's pool holds only ready pods; burstsched keeps unhealthy endpoints out with this filter);
+a prefix-cache scorer with no producer gets llm-d's default, an approximate one; a profile with no picker
+gets ``max-score-picker``, as in llm-d. ``featureGates: [flowControl]`` and the ``flowControl`` section
+become ``flow_control`` (:mod:`burstsched.config.llmd_flow`). Everything else (timeouts, limits, ...) takes
+burstsched's defaults, and burst admission is off unless a ``burst-prefix-cache-producer`` asks for it.
 
 An llm-d pool is usually found by label selector: the same file may carry the ``InferencePool`` as a second
 YAML document (``spec.selector.matchLabels``, ``spec.targetPorts``). Its selector is kept in
@@ -40,6 +41,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from burstsched.config.errors import ConfigError, ConfigIssue, issues_from_validation
+from burstsched.config.llmd_flow import (
+    FEATURE_GATE,
+    FLOW_TRANSLATORS,
+    FlowPlugin,
+    gate_enabled,
+    translate_flow_control,
+)
 from burstsched.config.llmd_params import Params
 from burstsched.config.llmd_plugins import BURSTSCHED_TYPES, ROLE_LABEL, TRANSLATORS, Translated
 from burstsched.config.models import PluginSpec, RouterConfig
@@ -58,33 +66,15 @@ _TOP_LEVEL = (
     "saturationDetector",
     "dataLayer",
     "requestHandler",
-)
-_FLOW_CONTROL = (
-    "not supported yet: llm-d's flow control (the router's own queue: priority bands, fairness and ordering "
-    "policies, dispatch gated by pool saturation) is not built in burstsched yet"
-)
-# llm-d's flow-control plugins (policies, admitters, saturation detectors): what _FLOW_CONTROL covers
-FLOW_CONTROL_TYPES = frozenset(
-    {
-        "concurrency-detector",
-        "edf-ordering-policy",
-        "fcfs-ordering-policy",
-        "global-strict-fairness-policy",
-        "latency-slo-admitter",
-        "priority-holdback-policy",
-        "priority-then-time-eviction-order-policy",
-        "probabilistic-admitter",
-        "program-aware-fairness",
-        "round-robin-fairness-policy",
-        "sheddable-eviction-filter",
-        "slo-deadline-ordering-policy",
-        "soft-reflective-ceiling-policy",
-        "static-usage-limit-policy",
-    }
+    "flowControl",
 )
 # llm-d features burstsched has not built, by the plugin types that need them: one line each
 UNBUILT_FEATURES = {
-    **dict.fromkeys(("predicted-latency-producer", "latency-scorer"), "llm-d's latency predictor"),
+    **dict.fromkeys(
+        ("predicted-latency-producer", "latency-scorer", "latency-slo-admitter"), "llm-d's latency predictor"
+    ),
+    "probabilistic-admitter": "llm-d's probabilistic admitter (sheddable requests refused with a probability "
+    "that rises with pool saturation)",
     **dict.fromkeys(
         (
             "multicluster-file-discovery",
@@ -200,24 +190,33 @@ def _where(where: str, key: str) -> str:
 def _translate_picker_config(
     doc: Mapping[str, Any], issues: list[ConfigIssue], notes: list[str], explain: list[str]
 ) -> dict[str, Any]:
-    flow_plugins = _flow_control_plugins(doc.get("plugins"))
     for key in doc:
-        if key == "flowControl":
-            with_plugins = f" (with its plugins: {', '.join(flow_plugins)})" if flow_plugins else ""
-            issues.append(ConfigIssue("flowControl", _FLOW_CONTROL + with_plugins))
-        elif key in _NOT_SUPPORTED:
+        if key in _NOT_SUPPORTED:
             issues.append(ConfigIssue(str(key), _NOT_SUPPORTED[key]))
         elif key not in _TOP_LEVEL:
             issues.append(ConfigIssue(str(key), "unknown field"))
-    _check_gates(doc.get("featureGates"), "flowControl" in doc, issues)
+    _check_gates(doc.get("featureGates"), issues)
     refused: set[str] = set()
-    plugins = _translate_plugins(doc.get("plugins"), issues, refused, flow_control="flowControl" in doc)
+    plugins = _translate_plugins(doc.get("plugins"), issues, refused)
     profile = _read_profiles(doc.get("schedulingProfiles"), plugins, refused, issues, notes)
     _check_data_layer(doc.get("dataLayer"), plugins, refused, issues)
     _check_request_handler(doc.get("requestHandler"), plugins, refused, issues)
-    _check_saturation_detector(doc.get("saturationDetector"), plugins, issues)
+    flow_plugins = {n: FlowPlugin(p.llmd_type, p.translated) for n, p in plugins.items()}
+    flow_explain: list[str] = []
+    flow_control = translate_flow_control(
+        doc.get("flowControl"),
+        doc.get("saturationDetector"),
+        gate_enabled(doc.get("featureGates")),
+        flow_plugins,
+        issues,
+        notes,
+        flow_explain,
+    )
     data = _assemble(plugins, profile, issues, notes)
+    if flow_control is not None:
+        data["flow_control"] = flow_control
     explain += [_explain(plugin, profile) for plugin in plugins.values()]
+    explain += flow_explain
     return data
 
 
@@ -243,6 +242,8 @@ def _explain(plugin: _Plugin, profile: _Profile) -> str:
         return f"{head}: {translated.explain or 'nothing'}"
     listed = plugin.llmd_name in profile.listed or translated.role == "producer"
     where = "" if listed else " (in no scheduling profile that routes: not used)"
+    if not listed and translated.role == "detector":
+        where = " (in no scheduling profile that routes: filters no endpoint; see flowControl for its gate)"
     text = f"{head}: {spec.type}"
     if spec.name not in (None, spec.type):
         text += f" {spec.name!r}"
@@ -260,7 +261,7 @@ def _explain(plugin: _Plugin, profile: _Profile) -> str:
     return text + where
 
 
-def _check_gates(gates: object, flow_control: bool, issues: list[ConfigIssue]) -> None:
+def _check_gates(gates: object, issues: list[ConfigIssue]) -> None:
     if gates is None:
         return
     if not isinstance(gates, list):
@@ -271,24 +272,12 @@ def _check_gates(gates: object, flow_control: bool, issues: list[ConfigIssue]) -
             issues.append(ConfigIssue(f"featureGates[{i}]", f"must be a gate name, got {gate!r}"))
             continue
         name, _, value = gate.partition("=")
-        if value.lower() == "false" or name in _HARMLESS_GATES:
-            continue
-        if name == "flowControl":
-            if not flow_control:  # else the flowControl section says it, once
-                issues.append(ConfigIssue(f"featureGates[{i}]", _FLOW_CONTROL))
+        if value.lower() == "false" or name in _HARMLESS_GATES or name == FEATURE_GATE:
             continue
         issues.append(ConfigIssue(f"featureGates[{i}]", f"not supported: burstsched has no feature {name!r}"))
 
 
-def _flow_control_plugins(raw: object) -> list[str]:
-    """The flow-control plugin types a file configures (the flowControl line names them)."""
-    types = [e.get("type") for e in raw if isinstance(e, Mapping)] if isinstance(raw, list) else []
-    return list(dict.fromkeys(t for t in types if t in FLOW_CONTROL_TYPES))
-
-
-def _translate_plugins(
-    raw: object, issues: list[ConfigIssue], refused: set[str], *, flow_control: bool = False
-) -> dict[str, _Plugin]:
+def _translate_plugins(raw: object, issues: list[ConfigIssue], refused: set[str]) -> dict[str, _Plugin]:
     plugins: dict[str, _Plugin] = {}
     unbuilt: dict[str, list[tuple[str, str]]] = {}
     if not isinstance(raw, list) or not raw:
@@ -310,14 +299,7 @@ def _translate_plugins(
             issues.append(ConfigIssue(f"{path}.name", "must be a non-empty string"))
             continue
         llmd_name = name if name is not None else llmd_type
-        translator = TRANSLATORS.get(llmd_type)
-        if translator is None and llmd_type in FLOW_CONTROL_TYPES:
-            refused.add(llmd_name)
-            if not flow_control:  # else the flowControl line names it
-                issues.append(
-                    ConfigIssue(f"{path}.type", f"llm-d flow-control plugin {llmd_type!r}: " + _FLOW_CONTROL)
-                )
-            continue
+        translator = TRANSLATORS.get(llmd_type) or FLOW_TRANSLATORS.get(llmd_type)
         if translator is None and llmd_type in UNBUILT_FEATURES:
             refused.add(llmd_name)
             unbuilt.setdefault(UNBUILT_FEATURES[llmd_type], []).append((path, llmd_type))
@@ -513,6 +495,23 @@ def _read_ref(
         profile.scorers.append((spec.instance_name, None if weight is None else float(weight)))
     elif role in ("detector", "filter") and spec is not None:
         profile.filters.append(spec.instance_name)
+    elif role == "detector":
+        issues.append(
+            ConfigIssue(
+                f"{path}.pluginRef",
+                f"{plugin.llmd_type} {plugin.llmd_name!r}: not supported as a scheduling filter: burstsched "
+                "drops endpoints by their waiting queue and KV usage (utilization-detector), not by requests "
+                "in flight",
+            )
+        )
+    elif role == "policy":
+        issues.append(
+            ConfigIssue(
+                f"{path}.pluginRef",
+                f"{plugin.llmd_type} {plugin.llmd_name!r} is a flow-control policy, not a filter, scorer or "
+                "picker",
+            )
+        )
     elif role == "picker" and spec is not None:
         if profile.picker is not None:
             issues.append(ConfigIssue(f"{path}.pluginRef", "a scheduling profile has one picker"))
@@ -602,18 +601,6 @@ def _check_layer_ref(
         issues.append(ConfigIssue(path, f"{plugin.llmd_type} {plugin.llmd_name!r} is not a {roles[0]}"))
 
 
-def _check_saturation_detector(raw: object, plugins: dict[str, _Plugin], issues: list[ConfigIssue]) -> None:
-    if raw is None:
-        return
-    ref = raw.get("pluginRef") if isinstance(raw, Mapping) else None
-    if not isinstance(raw, Mapping) or any(key != "pluginRef" for key in raw):
-        issues.append(ConfigIssue("saturationDetector", "expected {pluginRef: NAME}"))
-    elif ref is not None and (ref not in plugins or plugins[ref].llmd_type != "utilization-detector"):
-        issues.append(
-            ConfigIssue("saturationDetector.pluginRef", f"{ref!r} is not a configured utilization-detector")
-        )
-
-
 def _assemble(
     plugins: dict[str, _Plugin], profile: _Profile, issues: list[ConfigIssue], notes: list[str]
 ) -> dict[str, Any]:
@@ -673,10 +660,11 @@ def _assemble(
     )
     _pool_timing(detectors, data, issues, notes)
     for plugin in detectors:
-        if plugin not in in_profile:
+        if plugin not in in_profile and plugin.translated.spec is not None:
             notes.append(
-                f"utilization-detector {plugin.llmd_name!r} is in no scheduling profile: only its "
-                "metricsStalenessThreshold applies (burstsched has no flow control)"
+                f"utilization-detector {plugin.llmd_name!r} is in no scheduling profile: it filters no "
+                "endpoint; its metricsStalenessThreshold applies, and its thresholds gate the router's queue "
+                "when flow control is on"
             )
     for plugin in plugins.values():
         spec = plugin.translated.spec

@@ -8,14 +8,23 @@ and the parameter's path in the llm-d document, e.g.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from burstsched.config.errors import ConfigIssue, join_path
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNIT_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
+_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?")
+_QUANTITY_SUFFIX = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+    "m": Decimal("0.001"),
+    "": Decimal(1),
+}
 
 
 def parse_duration_ms(text: str) -> float | None:
@@ -33,6 +42,31 @@ def parse_duration_ms(text: str) -> float | None:
         total += float(match.group(1)) * _UNIT_MS[match.group(2)]
         position = match.end()
     return total if position == len(body) and position > 0 else None
+
+
+def parse_quantity(value: object) -> int | None:
+    """A Kubernetes resource quantity (``500``, ``"1k"``, ``"10Gi"``, ``"1e3"``) as an integer, rounded up as
+    Kubernetes' ``Value()`` does; ``None`` if ``value`` is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return math.ceil(value) if math.isfinite(value) else None
+    if not isinstance(value, str):
+        return None
+    match = _QUANTITY.fullmatch(value.strip())
+    if match is None:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            amount = Decimal(number) * Decimal(10) ** int(suffix[1:])
+        else:
+            amount = Decimal(number) * _QUANTITY_SUFFIX[suffix]
+    except (InvalidOperation, OverflowError):
+        return None
+    return math.ceil(amount)
 
 
 class Params:
@@ -124,6 +158,20 @@ class Params:
             return default_ms
         return parsed
 
+    def quantity(self, key: str) -> int | None:
+        """A non-negative Kubernetes resource quantity (``"1k"``, ``"10Gi"``); ``None`` when absent."""
+        value = self._take(key)
+        if value is None:
+            return None
+        parsed = parse_quantity(value)
+        if parsed is None:
+            self.issue(key, f'must be a quantity such as 500, "1k" or "10Gi", got {value!r}')
+            return None
+        if parsed < 0:
+            self.issue(key, f"must be non-negative, got {value!r}")
+            return None
+        return parsed
+
     def nested(self, key: str) -> Params:
         """The object under ``key`` (empty when absent), read the same way; call its :meth:`finish` too."""
         return Params(self._take(key), join_path(self.path, key), self.plugin, self._issues)
@@ -144,6 +192,10 @@ class Params:
     def accept(self, *keys: str) -> None:
         """Keys whose value changes nothing in burstsched (e.g. a worker count); taken as they are."""
         self._used.update(keys)
+
+    def accept_all(self) -> None:
+        """Every key, as it is: the parameters of a plugin refused as a whole say nothing more."""
+        self._used.update(self._raw)
 
     def refuse(self, key: str, why: str) -> None:
         """``key``, when present, is a parameter burstsched cannot honour."""

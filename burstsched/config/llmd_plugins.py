@@ -17,7 +17,8 @@ random-picker                   ``random-picker``
 weighted-random-picker          ``weighted-random-picker``
 utilization-detector            ``metricsStalenessThreshold`` → ``pool.staleness_threshold_ms``; listed in a
                                 profile (as a filter): stale endpoints dropped (``health-filter`` with
-                                ``drop_stale``) and ``saturation-filter`` at ``threshold × (1 + headroom)``
+                                ``drop_stale``) and ``saturation-filter`` at ``threshold × (1 + headroom)``;
+                                with flow control on, ``flow_control.headroom`` at ``threshold``
 single-profile-handler          nothing (burstsched runs one profile)
 =============================== ========================================================================
 
@@ -53,6 +54,7 @@ Role = Literal[
     "extractor",
     "parser",
     "tokenizer",
+    "policy",
     "nothing",
 ]
 ROLE_LABEL = "llm-d.ai/role"
@@ -64,6 +66,19 @@ _LRU_CAPACITY = 31250
 _SPECULATIVE_TTL_MS = 2000.0
 _SOCKET_PORT = 5557
 _TOKEN_THRESHOLD = 4194304  # llm-d's token-load-scorer default (128 requests of 32K tokens)
+
+
+@dataclass(frozen=True)
+class FlowPart:
+    """What a flow-control plugin means for burstsched's ``flow_control`` (:mod:`.llmd_flow` reads it)."""
+
+    kind: Literal["fairness", "ordering", "detector", "usage-limit", "eviction"]
+    fairness: Literal["round-robin", "strict"] | None = None
+    gate: Callable[[float], dict[str, Any]] | None = (
+        None  # a detector: flow_control.headroom at a usage limit
+    )
+    threshold: float = 1.0  # a static usage limit: the share of the detector's capacity dispatch may use
+    unsupported: str = ""  # why burstsched cannot honour it (refused where flow control uses it)
 
 
 @dataclass
@@ -83,6 +98,7 @@ class Translated:
     stage: str | None = None  # role filters: the llm-d.ai/role stage they keep (decode, prefill, encode)
     handler: dict[str, str] | None = None  # profile handlers: profile names and decider plugin names
     scorer_spec: PluginSpec | None = None  # a producer that is also a scorer (precise-prefix-cache-scorer)
+    flow: FlowPart | None = None  # flow-control plugins: policies and saturation detectors
 
 
 Translator = Callable[[str, Params], Translated]
@@ -268,14 +284,35 @@ def _utilization_detector(name: str, p: Params) -> Translated:
     staleness_ms = p.duration_ms("metricsStalenessThreshold", 200.0)
     p.text("stalenessPolicy", "saturated", choices=("saturated",))
     p.refuse("inFlightLoadProducerName", "burstsched has no in-flight load producer")
-    # llm-d keeps an endpoint while waiting < queue x (1 + headroom) and kv < kv x (1 + headroom); the
-    # saturation filter drops one at waiting >= max_waiting or kv >= max_kv_usage.
+    saturation, _ = utilization_limits(queue, kv, headroom)
+    spec = PluginSpec(type="saturation-filter", name=name, parameters=saturation)
+    flow = FlowPart("detector", gate=lambda share: utilization_limits(queue, kv, headroom, share)[1])
+    return Translated("detector", spec, staleness_ms=staleness_ms, saturation=saturation, flow=flow)
+
+
+def utilization_limits(
+    queue: int, kv: float, headroom: float = 0.0, share: float = 1.0
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A utilization-detector's two tiers, as llm-d defines them, in burstsched's terms (the one place).
+
+    As a scheduling filter llm-d keeps an endpoint while waiting < queue x (1 + headroom) and KV usage <
+    kv x (1 + headroom): the ``saturation-filter`` (``saturation:``) drops one at waiting >= max_waiting or
+    KV usage >= max_kv_usage. As flow control's gate an endpoint is full at max(waiting / queue,
+    KV / kv) >= ``share`` (the usage limit, 1 by default), without the headroom: ``flow_control.headroom``
+    closes an endpoint while waiting > max_waiting or KV usage >= max_kv_usage.
+    """
     saturation = {
         "max_waiting": max(1, math.ceil(queue * (1.0 + headroom) - 1e-9)),
         "max_kv_usage": min(1.0, kv * (1.0 + headroom)),
     }
-    spec = PluginSpec(type="saturation-filter", name=name, parameters=saturation)
-    return Translated("detector", spec, staleness_ms=staleness_ms, saturation=saturation)
+    gate = {"max_waiting": max(0, math.ceil(queue * share - 1e-9) - 1), "max_kv_usage": kv * share}
+    return saturation, gate
+
+
+def concurrency_limit(max_concurrency: int, share: float = 1.0) -> dict[str, Any]:
+    """A concurrency-detector's gate (requests mode): full at in-flight / maxConcurrency >= ``share``, i.e.
+    ``flow_control.headroom.max_in_flight`` (room while fewer are in flight)."""
+    return {"max_in_flight": max(1, math.ceil(max_concurrency * share - 1e-9))}
 
 
 def _role_filter(stage: str) -> Translator:

@@ -92,6 +92,7 @@ def summarize(path: Path, loaded: LoadedConfig, scheduler: Scheduler) -> str:
     lines.append("  scorers:   " + (", ".join(scorers) or "none"))
     lines.append("  picker:    " + _plugin(profile.picker.name, specs))
     lines.append("  admission: " + _admission(config))
+    lines.append("  queue:     " + _queue(config))
     lines.append("  endpoints: " + _endpoints(config))
     notes = list(loaded.notes)
     precise = any(spec.type == "precise-prefix-producer" for spec in config.plugins)
@@ -137,6 +138,31 @@ def _admission(config: RouterConfig) -> str:
         f"burst window {admission.window_ms:g} ms, groups of at least {admission.min_shared_blocks} shared "
         f"blocks, at most {admission.max_per_endpoint} per endpoint"
     )
+
+
+def _queue(config: RouterConfig) -> str:
+    """The router's flow-control queue: off, or when an endpoint has room and how the queue is bounded."""
+    flow = config.flow_control
+    if not flow.enabled:
+        return "off (each request goes to its endpoint at once)"
+    room = flow.headroom
+    limits = [f"prefill under {room.max_prefill_ms:g} ms", f"KV usage under {room.max_kv_usage:g}"]
+    if room.max_waiting is not None:
+        limits.append(f"at most {room.max_waiting} waiting")
+    if room.max_in_flight is not None:
+        limits.append(f"under {room.max_in_flight} in flight")
+    bands = ", ".join(
+        f"{priority}: {_bound(b.max_requests, b.max_bytes)}" for priority, b in sorted(flow.bands.items())
+    )
+    return (
+        f"on: an endpoint has room with {', '.join(limits)}; fairness {flow.fairness}; ttl {flow.ttl_ms:g} "
+        f"ms; {_bound(flow.max_requests, flow.max_bytes)} in all" + (f"; bands {bands}" if bands else "")
+    )
+
+
+def _bound(requests: int | None, size: int | None) -> str:
+    parts = [f"{requests} requests" if requests is not None else "", f"{size} bytes" if size else ""]
+    return ", ".join(p for p in parts if p) or "unbounded"
 
 
 def _endpoints(config: RouterConfig) -> str:

@@ -347,7 +347,8 @@ def test_utilization_detector_outside_the_profile_sets_only_the_staleness() -> N
     assert loaded.config.pool.staleness_threshold_ms == 1000.0
     assert [s.type for s in loaded.config.plugins] == ["health-filter", "max-score-picker"]
     assert _spec(loaded.config, "health-filter")[1] == {}
-    assert any("only its metricsStalenessThreshold" in note for note in loaded.notes)
+    assert any("filters no endpoint; its metricsStalenessThreshold applies" in n for n in loaded.notes)
+    assert not loaded.config.flow_control.enabled  # no flowControl feature gate
 
 
 def test_inference_pool_v1alpha2_selector_is_kept() -> None:
@@ -467,9 +468,9 @@ def test_refusals_name_the_plugin_and_the_parameter(plugins: str, path: str, wor
 @pytest.mark.parametrize(
     ("extra", "path"),
     [
-        ("flowControl: {maxRequests: 100}\n", "flowControl"),
+        ("featureGates: [flowControl]\nflowControl: {enableEviction: true}\n", "flowControl.enableEviction"),
         ("dataLayer: {discovery: {}}\n", "dataLayer.discovery"),
-        ("featureGates: [flowControl]\n", "featureGates[0]"),
+        ("featureGates: [someGate]\n", "featureGates[0]"),
         ("metadata: {name: x}\n", "metadata"),
     ],
 )
@@ -600,7 +601,7 @@ def test_every_issue_of_a_file_is_reported_at_once() -> None:
           - {type: approx-prefix-cache-producer, parameters: {autoTune: 'no', blockSize: 256}}
           - {type: no-such-thing}
           - {type: max-score-picker}
-        flowControl: {}
+        flowControl: {maxRequests: lots}
         """)
         + _PICKER_ONLY
     )
@@ -608,7 +609,7 @@ def test_every_issue_of_a_file_is_reported_at_once() -> None:
         "plugins[0].parameters.autoTune",
         "plugins[0].parameters.blockSize",
         "plugins[1].type",
-        "flowControl",
+        "flowControl.maxRequests",
     } <= set(issues)
 
 

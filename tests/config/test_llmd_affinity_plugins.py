@@ -255,25 +255,6 @@ def test_precise_prefix_cache_scorer_is_the_producer_and_the_scorer() -> None:
     assert [(r.plugin_ref, r.weight) for r in config.profile.plugins][-1] == ("prefix-cache-scorer", 3.0)
 
 
-def test_flow_control_is_one_line_naming_its_plugins(tmp_path: object) -> None:
-    from burstsched.config import ConfigError
-
-    with pytest.raises(ConfigError) as excinfo:
-        parse_config_document(
-            _llmd("""
-            featureGates: [flowControl]
-            plugins:
-            - type: queue-scorer
-            - type: fcfs-ordering-policy
-            - type: concurrency-detector
-            flowControl: {saturationDetector: {pluginRef: concurrency-detector}}
-            """)
-        )
-    lines = [str(i) for i in excinfo.value.issues]
-    assert len(lines) == 1 and lines[0].startswith("flowControl: not supported yet")
-    assert "fcfs-ordering-policy, concurrency-detector" in lines[0]
-
-
 def test_check_explain_names_the_new_mappings(tmp_path: object) -> None:
     import io
     from pathlib import Path
