@@ -186,21 +186,31 @@ async def test_a_client_destination_header_is_never_obeyed(
         assert set(_destinations(sims, index)) <= {endpoint_address(sims.urls[index])}
 
 
-async def test_no_ready_endpoint_is_503_and_shedding_is_429(
+async def test_no_ready_endpoint_is_503(
     sims: SimPool, envoy_path: Path, workdir: Path
 ) -> None:
-    """Immediate responses in OpenAI's error shape: 503 when no endpoint of the pool is healthy, 429 with
-    Retry-After when admission's queue is full."""
-    async with gateway(sims, envoy_path, workdir) as (epp, _, client):
-        with anyio.fail_after(30):
-            await sims.akill(0)
-            await sims.akill(1)
+    """Immediate responses in OpenAI's error shape: 503 when no endpoint of the pool is healthy (and the
+    metrics port's /ready says 503 too, while /health stays 200)."""
+    async with (
+        running_epp(_config(sims), rng=random.Random(3), metrics_port=0) as epp,
+        httpx.AsyncClient(timeout=10) as probe,
+    ):
+        ready_url = f"http://127.0.0.1:{epp.metrics_port}/ready"
+        assert (await probe.get(ready_url)).status_code == 200
+        with envoy(envoy_path, epp.port, FULL_DUPLEX, workdir) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+                with anyio.fail_after(30):
+                    await sims.akill(0)
+                    await sims.akill(1)
 
-            async def none_healthy() -> bool:
-                return epp.router.pool.healthy_count() == 0
+                    async def none_healthy() -> bool:
+                        return epp.router.pool.healthy_count() == 0
 
-            await eventually(none_healthy, within_s=10)
-            response = await client.post("/v1/chat/completions", json=_chat("anyone?"))
+                    await eventually(none_healthy, within_s=10)
+                    response = await client.post("/v1/chat/completions", json=_chat("anyone?"))
+                    not_ready = await probe.get(ready_url)
+                    alive = await probe.get(ready_url.replace("/ready", "/health"))
+    assert (not_ready.status_code, alive.status_code) == (503, 200)
     assert response.status_code == 503
     assert response.headers["content-type"] == "application/json"
     error = response.json()["error"]
