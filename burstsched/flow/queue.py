@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
@@ -442,6 +442,7 @@ class FlowQueue:
             states.append(((*cheap_key[:3], -warmth, *cheap_key[3:]), members, as_one, state))
         states.sort(key=lambda entry: entry[0])
         pending: dict[str, int] = {}
+        backlog = _Backlog(endpoints, self._reserved)
         for sort_key, members, as_one, state in states:
             if not any(r.open for r in rooms.values()):
                 return
@@ -451,12 +452,15 @@ class FlowQueue:
             ranked = [scored.name for scored in decision.ranked]
             if not ranked:
                 continue
-            target = _target(ranked, rooms, decision, overdue)
+            members = members[: self._max_per_endpoint]
+            target = _target(ranked, rooms, backlog, _own_tokens(members, decision), overdue)
             if target is None:
                 pending[ranked[0]] = pending.get(ranked[0], 0) + len(members)
+                backlog.add(ranked[0], _own_tokens(members, decision)(ranked[0]))
                 continue
-            self._release_group(members[: self._max_per_endpoint], decision, target, rooms[target], now)
+            self._release_group(members, decision, target, rooms[target], now)
             pending[target] = pending.get(target, 0) + len(members)
+            backlog.add(target, _own_tokens(members, decision)(target))
 
     def _groups(
         self, items: list[_Item], now: float, reorder: float
@@ -499,24 +503,68 @@ class FlowQueue:
             self._release(item, released, target, tokens)
 
 
-def _target(ranked: Sequence[str], rooms: dict[str, Room], decision: Decision, overdue: bool) -> str | None:
-    """Where a group goes now: its first-ranked endpoint if that has room; else the best-ranked one with
-    room that holds as much of its prompt (moving loses no cache: a cold group takes any room); an overdue
-    group takes the best-ranked room whatever it holds; None: it waits for its endpoint."""
-    if rooms[ranked[0]].open:
-        return ranked[0]
+class _Backlog:
+    """Per endpoint, during one pass: the prompt tokens ahead of the next group there (the router's queued
+    prefill, what this queue released but did not dispatch yet, and what groups earlier in the pass were
+    released there or chose to wait for), and its prefill speed (1 for all when one is unknown: tokens are
+    then compared as they are)."""
+
+    def __init__(self, endpoints: Sequence[EndpointSnapshot], reserved: Mapping[str, Reserved]) -> None:
+        self.tokens: dict[str, float] = {}
+        self.speed: dict[str, float] = {}
+        known = all(e.prefill_tokens_per_s for e in endpoints)
+        for e in endpoints:
+            held = reserved.get(e.name)
+            self.tokens[e.name] = e.queued_prefill_tokens + (held.tokens if held is not None else 0)
+            rate = (e.prefill_tokens_per_s or 1.0) / (e.engine_tokens_per_prompt_token or 1.0)
+            self.speed[e.name] = rate if known else 1.0
+
+    def add(self, name: str, tokens: int) -> None:
+        self.tokens[name] = self.tokens.get(name, 0.0) + tokens
+
+    def ttft(self, name: str, own: int) -> float:
+        """Seconds (or tokens) until a group computing ``own`` tokens there has its first token."""
+        return (self.tokens.get(name, 0.0) + own) / self.speed.get(name, 1.0)
+
+
+def _target(
+    ranked: Sequence[str],
+    rooms: Mapping[str, Room],
+    backlog: _Backlog,
+    own: Callable[[str], int],
+    overdue: bool,
+) -> str | None:
+    """Where a group goes now: its first-ranked endpoint if that has room. Else the endpoint with room
+    where it would get its first token soonest, if sooner than by waiting for its first choice (whose
+    backlog it joins): a cold group takes any room, a warm one moves only when its cache's queue costs more
+    than computing the prompt elsewhere. An overdue group takes the best-ranked room. None: it waits."""
+    first_choice = ranked[0]
+    if rooms[first_choice].open:
+        return first_choice
     with_room = [name for name in ranked if rooms[name].open]
     if not with_room:
         return None
     if overdue:
         return with_room[0]
-    wanted = _matched(decision, ranked[0])
-    return next((name for name in with_room if _matched(decision, name) >= wanted), None)
+    best = min(with_room, key=lambda name: backlog.ttft(name, own(name)))
+    if backlog.ttft(best, own(best)) <= backlog.ttft(first_choice, own(first_choice)):
+        return best  # sooner, or as soon (work-conserving: no cache is lost by taking the room)
+    return None
 
 
-def _matched(decision: Decision, name: str) -> int:
-    match = decision.matches.get(name)
-    return match.matched_blocks if match is not None else 0
+def _own_tokens(members: Sequence[_Item], decision: Decision) -> Callable[[str], int]:
+    """The prompt tokens a group would compute on an endpoint: its leader's uncached ones there, and each
+    member's part past the prefix it shares with the leader."""
+    leader = members[0].request
+    tails = 0
+    for item in members[1:]:
+        shared = _shared_blocks(leader.block_hashes, item.request.block_hashes)
+        tails += max(0, item.request.prompt_tokens - shared * item.request.block_tokens)
+
+    def on(name: str) -> int:
+        return uncached_tokens(leader, decision.matches.get(name)) + tails
+
+    return on
 
 
 def _warmth(state: CycleState, endpoints: Sequence[EndpointSnapshot], total: int) -> float:

@@ -394,3 +394,24 @@ async def test_describe_names_bands_flows_and_waits() -> None:
         h.pool.room("e1", "e2")
 
     await run(h, steps)
+
+
+async def test_a_warm_group_moves_when_its_endpoints_queue_costs_more_than_its_prefill_elsewhere() -> None:
+    """Document 2 is cached on e1, but e1 has 10 000 prompt tokens queued (its prefill speed is known);
+    e2 has room and nothing queued: computing the document on e2 is sooner than waiting, so it moves."""
+    config = flow_config(headroom=HeadroomConfig(max_prefill_ms=100.0))
+    h = Harness(config)
+    h.sched.on_dispatch(doc("earlier", 2), h.pool.endpoints["e1"])
+    h.pool.set("e1", prefill_tokens_per_s=1000.0, queued_prefill_tokens=10_000)
+    h.pool.set("e2", prefill_tokens_per_s=1000.0, queued_prefill_tokens=200)  # no room yet
+
+    async def steps(tg: anyio.abc.TaskGroup) -> None:
+        h.submit(tg, doc("warm", 2))
+        await settle()
+        assert not h.results
+        h.pool.set("e2", queued_prefill_tokens=0)
+        h.queue.release_pass()
+        await settle()
+
+    await run(h, steps)
+    assert h.endpoint("warm") == "e2"
