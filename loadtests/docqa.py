@@ -6,6 +6,8 @@
                    vllm-router:cache_aware]
         [--documents D] [--zipf 1.0] [--doc-tokens 2200-3600] [--max-tokens 16] [--time-scale 0.1]
         [--routers 1,2] [--repeats N]
+        [--classes NAME:SHARE[:objective=O][:tenant=T],...] [--noisy-tenant NAME:FACTOR[:objective=O]]
+        [--slo-ms 2000]
 
 D documents (each longer than 2k tokens), Zipf popularity, a distinct short question per request, Poisson
 arrivals; the sequence is fixed by ``--seed``, so every target gets the identical requests at the identical
@@ -16,6 +18,19 @@ times (burstsched/workloads/docqa.py). Between targets the replicas' prefix cach
 ``--repeats N`` runs N passes over the targets at each rate, every other pass in reverse order (A B, B A,
 A B): on a shared machine a replica's speed drifts between runs by more than routers differ, and the same
 sequence through the same router can land far apart; alternating spreads the drift over every target.
+
+Classes (burstsched/workloads/docqa_classes.py). ``--classes`` splits the sequence's requests into
+classes, each a share of them sending its headers: ``objective=`` as ``x-llm-d-inference-objective``,
+``tenant=`` as ``x-llm-d-inference-fairness-id``; e.g.
+``--classes urgent:0.3:objective=urgent,batch:0.2:objective=batch,rest:0.5``. The shares sum to 1;
+which request is in which class is fixed by ``--seed`` (the same at every rate, for every target).
+``--noisy-tenant NAME:FACTOR`` adds a tenant sending FACTOR times the others' rate (the mean rate of the
+classes' tenants, the whole sequence's when none names one) on top of the base sequence, its own
+requests fixed by the seed too: the base requests are the same with and without it, so two runs that
+differ only in it compare the others' TTFT on the same requests (give the rate with ``--rate``/``--rates``
+there: ``--load`` measures the capacity again each time). The caches are sized from the base requests
+alone. The report then gains a row per class: sent, ok, 429s (and how many carried Retry-After), other
+failures (timeouts among them), TTFT p50/p95/p99, and the goodput: completed with TTFT ≤ ``--slo-ms``.
 
 Sizing. Documents are sized with the serving tokenizer (the simulator's built-in one, or the tiny model's
 on real vLLM; a one-replica simulator with that tokenizer sizes them before the pool starts, then the real
@@ -66,10 +81,11 @@ from burstsched.workloads.docqa import (
     prompt_text,
     remeasure_corpus,
 )
-from burstsched.workloads.docqa_report import markdown_table, report_markdown
+from burstsched.workloads.docqa_classes import ClassPlan, classed_sequence, plan_of, summarize_classes
+from burstsched.workloads.docqa_report import ClassRow, class_table, markdown_table, report_markdown
 from burstsched.workloads.docqa_run import RequestRecord, run_target
 from burstsched.workloads.replica_state import CacheConfig, read_cache_config
-from burstsched.workloads.run_summary import TargetRun
+from burstsched.workloads.run_summary import RunSummary, TargetRun
 from burstsched.workloads.targets import Target, parse_targets
 from loadtests.replica_pool import (
     VLLM_BLOCK_SIZE,
@@ -116,6 +132,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals per target")
     parser.add_argument("--max-requests", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--classes",
+        default=None,
+        help="request classes: name:share[:objective=NAME][:tenant=ID],... (shares sum to 1)",
+    )
+    parser.add_argument(
+        "--noisy-tenant",
+        default=None,
+        help="NAME:FACTOR[:objective=NAME]: a tenant at FACTOR times the others' rate, on top",
+    )
+    parser.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective of the goodput, ms")
     parser.add_argument("--calibration", type=int, default=3, help="cold requests per replica for --load")
     parser.add_argument("--tag", default=None, help="report file names (default docqa-<backend>-<N>r)")
     parser.add_argument("--out-dir", type=Path, default=Path("loadtests/reports"))
@@ -124,6 +151,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.doc_tokens_min, args.doc_tokens_max = int(low), int(high or low)
     if args.replicas < 1:
         parser.error("--replicas must be >= 1")
+    try:
+        args.plan = plan_of(args.classes, args.noisy_tenant)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.slo_ms <= 0:
+        parser.error("--slo-ms must be > 0")
     args.router_counts = [int(n) for n in args.routers.split(",")]
     if any(n < 1 for n in args.router_counts):
         parser.error("--routers must be >= 1")
@@ -179,6 +212,8 @@ async def main(args: argparse.Namespace) -> int:
             attempts: list[list[float]] = []
             for rate in rates:
                 requests = build_sequence(replace(spec, rate=rate), random.Random(args.seed))
+                if args.plan is not None:
+                    requests = classed_sequence(replace(spec, rate=rate), requests, args.plan)
                 run_one = partial(
                     run_with_retries,
                     client,
@@ -255,6 +290,10 @@ def describe(
         "rates (requests/s)": ", ".join(f"{r:.2f}" for r in rates),
         "cold capacity": "not measured",
     }
+    plan: ClassPlan | None = args.plan
+    if plan is not None:
+        setup["classes"] = "; ".join(f"at {rate:.2f} requests/s: {plan.describe(rate)}" for rate in rates)
+        setup["goodput objective"] = f"TTFT ≤ {args.slo_ms:g} ms"
     if args.router_counts != [1]:
         setup["routers"] = (
             f"each burstsched target with {', '.join(map(str, args.router_counts))} router(s); N > 1: N "
@@ -302,6 +341,11 @@ def write_outputs(
     skipped: dict[str, str],
     capacity: Capacity | None,
 ) -> None:
+    rows = class_rows(args.plan, runs, args.slo_ms)
+
+    def table(summaries: Sequence[RunSummary]) -> str:
+        return markdown_table(summaries) + (f"\n\n{class_table(rows)}" if rows else "")
+
     write_run_report(
         args.out_dir,
         args.tag or f"docqa-{args.backend}-{args.replicas}r",
@@ -312,9 +356,28 @@ def write_outputs(
         attempts,
         skipped,
         capacity,
-        table=markdown_table,
-        page=report_markdown,
+        table=table,
+        page=partial(report_markdown, classes=rows, slo_ms=args.slo_ms),
+        extra={} if not rows else {"slo_ms": args.slo_ms, "classes": classes_json(rows)},
     )
+
+
+def class_rows(
+    plan: ClassPlan | None, runs: Sequence[tuple[float, TargetRun[RequestRecord]]], slo_ms: float
+) -> list[ClassRow]:
+    """Each run's rows per class (none without classes)."""
+    if plan is None:
+        return []
+    return [
+        (run.summary, c)
+        for _, run in runs
+        for c in summarize_classes(plan, run.records, slo_ms, run.summary.makespan_s)
+    ]
+
+
+def classes_json(rows: Sequence[ClassRow]) -> list[dict[str, Any]]:
+    """The rows per class for the report's JSON, each with its run's target, rate and pass."""
+    return [{"target": s.target, "rate": s.rate, "repeat": s.repeat, **c.as_json()} for s, c in rows]
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -33,8 +33,10 @@ def write_run_report(
     *,
     table: Table,
     page: Page,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write the JSON, the plots and the markdown page under ``out``; print the table."""
+    """Write the JSON (with ``extra``'s keys, a workload's own), the plots and the markdown page under
+    ``out``; print the table."""
     out.mkdir(parents=True, exist_ok=True)
     summaries: list[RunSummary] = [run.summary for _, run in runs]
     capacity_rps = capacity.requests_per_s if capacity is not None else None
@@ -50,6 +52,7 @@ def write_run_report(
             {"rate": rate, "send_lag_p99_ms_per_attempt": lags, **run.as_json()}
             for (rate, run), lags in zip(runs, attempts, strict=True)
         ],
+        **(extra or {}),
     }
     (out / f"{tag}.json").write_text(json.dumps(document, separators=(",", ":")) + "\n")
     (out / f"{tag}.md").write_text(page(title, command, setup, summaries, skipped, plots))

@@ -78,12 +78,15 @@ class DocQASpec:
 
 @dataclass(frozen=True, slots=True)
 class DocQARequest:
-    """One request of the sequence: which document, which question, when it is sent (s from the start)."""
+    """One request of the sequence: which document, which question, when it is sent (s from the start);
+    with classes (:mod:`burstsched.workloads.docqa_classes`), its class and the headers it sends."""
 
     index: int
     document: int
     question: str
     arrival_s: float
+    request_class: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def question_text(index: int, rng: random.Random) -> str:

@@ -1,10 +1,12 @@
-"""The document-QA report as text: the markdown table of runs and the report page around it."""
+"""The document-QA report as text: the markdown table of runs, with classes a table of rows per class, and
+the report page around them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from burstsched.workloads.docqa_classes import ClassSummary
 from burstsched.workloads.report_page import COLD_NOTE, aligned_table, report_page, shares
 from burstsched.workloads.report_page import num as _num
 from burstsched.workloads.report_page import pct as _pct
@@ -89,6 +91,60 @@ NOTES = (
 )
 
 
+CLASS_COLUMNS = (
+    "target",
+    "rate r/s",
+    "class",
+    "headers",
+    "sent",
+    "ok",
+    "429",
+    "429 with Retry-After",
+    "other fail",
+    "timed out",
+    "TTFT p50 / p95 / p99 ms",
+    "good",
+    "goodput r/s",
+)
+
+ClassRow = tuple[RunSummary, ClassSummary]
+"""A class's row and the run it belongs to."""
+
+
+def class_row(run: RunSummary, c: ClassSummary) -> tuple[str, ...]:
+    return (
+        run.row_label,
+        _num(run.rate, 2),
+        c.request_class,
+        c.headers,
+        str(c.sent),
+        str(c.completed),
+        str(c.refused_429),
+        str(c.retry_after_429),
+        str(c.other_failures),
+        str(c.timed_out),
+        f"{_num(c.ttft_p50_ms)} / {_num(c.ttft_p95_ms)} / {_num(c.ttft_p99_ms)}",
+        str(c.good),
+        _num(c.goodput_rps, 2),
+    )
+
+
+def class_table(rows: Sequence[ClassRow]) -> str:
+    """One row per class of each run, columns aligned."""
+    return aligned_table(CLASS_COLUMNS, [class_row(run, c) for run, c in rows])
+
+
+def class_notes(slo_ms: float) -> str:
+    return (
+        "Per class: each class's requests send its headers (objective: `x-llm-d-inference-objective`, "
+        "tenant: `x-llm-d-inference-fairness-id`); sent: the class's requests in the sequence; 429: "
+        "answered 429, and how many of those carried `Retry-After`; other fail: neither completed nor "
+        "answered 429 (other statuses, errors, cut streams, timeouts), timed out: those of them that ended "
+        "on the client's or the drain's timeout; TTFT over the class's completed requests; good: completed "
+        f"with TTFT ≤ {slo_ms:g} ms (wall clock); goodput: good per second of the run's makespan."
+    )
+
+
 def report_markdown(
     title: str,
     command: str,
@@ -96,6 +152,15 @@ def report_markdown(
     summaries: Sequence[RunSummary],
     skipped: Mapping[str, str],
     plots: Sequence[str],
+    *,
+    classes: Sequence[ClassRow] = (),
+    slo_ms: float = 2000.0,
 ) -> str:
-    """The report page: how it was run, the table, what was skipped and why, the plots."""
-    return report_page(title, command, setup, markdown_table(summaries), NOTES, skipped, plots)
+    """The report page: how it was run, the table (and the one per class), what was skipped and why, the
+    plots."""
+    table = markdown_table(summaries)
+    notes = NOTES
+    if classes:
+        table += "\n\n" + class_table(classes)
+        notes += "\n\n" + class_notes(slo_ms)
+    return report_page(title, command, setup, table, notes, skipped, plots)

@@ -62,11 +62,15 @@ __all__ = [
 
 @dataclass(slots=True)
 class RequestRecord(BaseRecord):
-    """What one request of the sequence did, as the client saw it, and which document it asked about."""
+    """What one request of the sequence did, as the client saw it, which document it asked about and, with
+    classes (:mod:`burstsched.workloads.docqa_classes`), its class."""
 
     document: int = field(kw_only=True)
+    request_class: str = field(default="", kw_only=True)
 
     def labels(self) -> dict[str, Any]:
+        if self.request_class:
+            return {"document": self.document, "request_class": self.request_class}
         return {"document": self.document}
 
 
@@ -84,19 +88,27 @@ async def run_sequence(
     progress: ProgressSink | None = None,
     progress_interval_s: float = 0.5,
 ) -> list[RequestRecord]:
-    """Send every request at its arrival time (open loop); wait for all, at most ``drain_timeout_s`` after
-    the last arrival; a request still running then is cancelled and recorded as failed."""
-    records = [RequestRecord(r.index, r.arrival_s, document=r.document) for r in requests]
+    """Send every request at its arrival time (open loop), with the headers of its class; wait for all, at
+    most ``drain_timeout_s`` after the last arrival; a request still running then is cancelled and
+    recorded as failed."""
+    records = [
+        RequestRecord(r.index, r.arrival_s, document=r.document, request_class=r.request_class)
+        for r in requests
+    ]
     by_index = {r.index: r for r in requests}
 
     def body_of(record: RequestRecord) -> dict[str, Any]:
         return chat_body(model, corpus.prompt(by_index[record.index]), max_tokens)
+
+    def headers_of(record: RequestRecord) -> dict[str, str]:
+        return dict(by_index[record.index].headers)
 
     return await run_open_loop(
         client,
         route,
         records,
         body_of,
+        headers_of=headers_of,
         tag=tag,
         drain_timeout_s=drain_timeout_s,
         clock=clock,

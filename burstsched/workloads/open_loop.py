@@ -5,7 +5,8 @@ told to follow an earlier one: it then also waits until that one has finished, a
 the answer before typing the next turn), streamed to its end, and recorded with its client-side TTFT
 (sending → the first chunk carrying a choice, i.e. the first token; the first non-empty text is recorded
 apart), its usage (``prompt_tokens``,
-``prompt_tokens_details.cached_tokens``) and every ``x-burstsched-*`` response header.
+``prompt_tokens_details.cached_tokens``), every ``x-burstsched-*`` response header and a ``Retry-After``.
+A request may carry headers of its own (``headers_of``: its priority, its tenant).
 :func:`measured_run` wraps a run in the replicas' counter snapshots, after resetting their prefix caches.
 The workloads (document QA, the multi-tenant chat) say what each request's body is.
 """
@@ -28,6 +29,8 @@ from burstsched.workloads.stream_client import stream_chat
 from burstsched.workloads.targets import Dispatch, Endpoints, Route, Target
 
 HEADER_PREFIX = "x-burstsched-"
+KEPT_HEADERS = frozenset({"retry-after"})
+"""Response headers recorded besides the ``x-burstsched-*`` ones (a refusal's ``Retry-After``)."""
 ENDPOINT_HEADER = "x-burstsched-endpoint"
 Clock = Callable[[], float]
 
@@ -125,10 +128,12 @@ async def send_chat(
     record: RequestRecord,
     request_id: str,
     clock: Clock,
+    headers: Mapping[str, str] | None = None,
 ) -> None:
-    """Stream one chat completion to ``dispatch`` and fill ``record`` with what came back."""
+    """Stream one chat completion to ``dispatch``, with ``headers`` besides its id, and fill ``record``
+    with what came back."""
     try:
-        result = await stream_chat(client, dispatch.base_url, dict(body), request_id, clock)
+        result = await stream_chat(client, dispatch.base_url, dict(body), request_id, clock, headers)
     except (httpx.HTTPError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
         return
@@ -136,7 +141,7 @@ async def send_chat(
     record.ttft_ms = None if result.ttft_s is None else result.ttft_s * 1000
     record.first_content_ms = None if result.first_content_s is None else result.first_content_s * 1000
     record.e2e_ms = result.e2e_s * 1000
-    record.headers = {k: v for k, v in result.headers.items() if k.lower().startswith(HEADER_PREFIX)}
+    record.headers = {k: v for k, v in result.headers.items() if _kept(k.lower())}
     record.replica = dispatch.replica or record.headers.get(ENDPOINT_HEADER)
     if record.replica is not None:
         record.replica_source = "client" if dispatch.replica else "header"
@@ -148,6 +153,10 @@ async def send_chat(
         record.error = str(result.error.get("message", result.error))[:300]
     elif result.status == 200 and result.ttft_s is None:
         record.error = "stream ended without a token"
+
+
+def _kept(header: str) -> bool:
+    return header.startswith(HEADER_PREFIX) or header in KEPT_HEADERS
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -166,6 +175,7 @@ async def run_open_loop(
     body_of: Callable[[R], Mapping[str, Any]],
     *,
     follows: Callable[[R], int | None] | None = None,
+    headers_of: Callable[[R], Mapping[str, str]] | None = None,
     tag: str,
     drain_timeout_s: float = 60.0,
     clock: Clock = time.perf_counter,
@@ -174,8 +184,9 @@ async def run_open_loop(
 ) -> list[R]:
     """Send each record's request (``body_of``) at its ``arrival_s`` (``records`` in arrival order, each
     ``index`` its position); with ``follows``, a request also waits for the earlier one at the position
-    it names to finish. Waits for all, at most ``drain_timeout_s`` after the last arrival; a request still
-    running or waiting then is cancelled and recorded as failed. The collector is kept quiet meanwhile
+    it names to finish; with ``headers_of``, each request also sends the headers it names. Waits for
+    all, at most ``drain_timeout_s`` after the last arrival; a request still running or waiting then is
+    cancelled and recorded as failed. The collector is kept quiet meanwhile
     (:func:`~burstsched.workloads.quiet_gc.quiet_gc`)."""
     with quiet_gc():
         start = clock()
@@ -193,7 +204,8 @@ async def run_open_loop(
             dispatch = route(record.index)
             try:
                 rid = request_id(tag, record.index)
-                await send_chat(client, dispatch, body_of(record), record, rid, clock)
+                extra = None if headers_of is None else headers_of(record)
+                await send_chat(client, dispatch, body_of(record), record, rid, clock, extra)
                 slot.finished = True
             finally:
                 slot.done.set()

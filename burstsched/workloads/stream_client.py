@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,10 +64,12 @@ async def stream_chat(
     body: dict[str, Any],
     request_id: str,
     clock: Callable[[], float] = time.perf_counter,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> StreamResult:
-    """Send one streaming chat completion and read it to the end."""
+    """Send one streaming chat completion and read it to the end; ``extra_headers`` go with the request
+    (a priority or a tenant, say), after the ``X-Request-Id``."""
     start = clock()
-    headers = {"X-Request-Id": request_id}
+    headers = {"X-Request-Id": request_id, **(extra_headers or {})}
     async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body, headers=headers) as resp:
         result = StreamResult(status=resp.status_code, endpoint=resp.headers.get("x-burstsched-endpoint"))
         result.headers = dict(resp.headers)

@@ -1,4 +1,5 @@
-"""A short document-QA run on two simulated replicas, through burstsched and through client-side random."""
+"""Short document-QA runs on two simulated replicas, through burstsched and through client-side random:
+the plain sequence, and one with classes and a noisy tenant."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from burstsched.sim import SimConfig, SimPool
 from burstsched.workloads.capacity import measure_cold_capacity
 from burstsched.workloads.docqa import DocQASpec, build_corpus, build_sequence, remeasure_corpus
+from burstsched.workloads.docqa_classes import classed_sequence, plan_of, summarize_classes
 from burstsched.workloads.docqa_run import Progress, read_cache_config, reset_prefix_caches, run_target
 from burstsched.workloads.placement import Received, attach_replicas, received_counts, simulator_received
 from burstsched.workloads.targets import ClientRandomTarget, Endpoints, burstsched_target
@@ -132,3 +134,57 @@ async def test_cold_capacity_is_replicas_over_cold_service_time(
     assert capacity.samples == 4  # 3 prompts per replica, one of them a warm-up
     # one request at a time per replica: the pool serves about (replicas / mean service time)
     assert capacity.requests_per_s == pytest.approx(2 / capacity.mean_service_s, rel=0.3)
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_docqa_classes_and_a_noisy_tenant_on_the_simulator() -> None:
+    """Classes and a noisy tenant end to end: every request reaches a replica with its class's headers
+    (straight, client-side random) and through burstsched; the rows per class add up to the run's."""
+    spec = replace(SPEC, max_requests=16)
+    plan = plan_of("urgent:0.25:objective=urgent,rest:0.75:tenant=quiet", "loud:2")
+    assert plan is not None
+    requests = classed_sequence(spec, build_sequence(spec, random.Random(spec.seed)), plan)
+    assert {r.request_class for r in requests} == {"urgent", "rest", "loud"}
+    with anyio.fail_after(80):
+        async with SimPool(2, SIM, record_requests=True) as sims, httpx.AsyncClient(timeout=30.0) as client:
+            endpoints = list(zip(sims.names, sims.urls, strict=True))
+            model = SIM.served_model_name
+
+            async def tokenize(text: str) -> list[int]:
+                body = {"model": model, "messages": [{"role": "user", "content": text}]}
+                response = await client.post(f"{endpoints[0][1]}/tokenize", json=body)
+                response.raise_for_status()
+                return [int(t) for t in response.json()["tokens"]]
+
+            corpus = await build_corpus(spec, tokenize, random.Random(0))
+            runs = {}
+            for target in (ClientRandomTarget(seed=1), burstsched_target(CONFIG)):
+                runs[target.label] = await run_target(
+                    client,
+                    target,
+                    endpoints,
+                    corpus,
+                    requests,
+                    model,
+                    rate=spec.rate,
+                    max_tokens=spec.max_tokens,
+                    block_size=16,
+                    drain_timeout_s=20.0,
+                )
+            received = {
+                r.headers.get("x-request-id", ""): r.headers for i in range(2) for r in sims.requests(i)
+            }
+    for request in requests:  # straight to the replicas: each request's headers as its class says
+        headers = received[f"docqa-random-{request.index}"]
+        assert {k: v for k, v in headers.items() if k.startswith("x-llm-d-")} == dict(request.headers)
+    for label, run in runs.items():
+        records = run.records
+        assert run.summary.completed == len(requests), (label, [r.error for r in records])
+        assert [r.request_class for r in records] == [r.request_class for r in requests]
+        rows = summarize_classes(plan, records, 2000.0, run.summary.makespan_s)
+        assert [r.request_class for r in rows] == ["urgent", "rest", "loud"]
+        assert sum(r.sent for r in rows) == sum(r.completed for r in rows) == len(requests)
+        assert sum(r.good for r in rows) == sum(1 for r in records if (r.ttft_ms or math.inf) <= 2000.0)
+        assert all(r.refused_429 == r.other_failures == 0 for r in rows)
+        assert sum(r.goodput_rps for r in rows) <= run.summary.throughput_rps + 1e-9
