@@ -61,6 +61,90 @@ class QueueBoundsConfig(BaseModel):
     max_bytes: int | None = Field(default=None, ge=1, description="Queued request bodies in bytes.")
 
 
+class ProgramAwareConfig(BaseModel):
+    """Program-aware fairness (``fairness: program-aware``): least attained service between flows."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    weight_service: float = Field(
+        default=0.8,
+        ge=0,
+        description="Weight of a flow's attained service (prompt tokens + 2 x output tokens of its completed "
+        "requests, from each response's usage), inverted and range-normalized over the band's waiting "
+        "flows: the flow served least scores 1 (llm-d's lasWeightService).",
+    )
+    weight_head_wait: float = Field(
+        default=0.2,
+        ge=0,
+        description="Weight of how long a flow's oldest queued request has waited, range-normalized over the "
+        "band's waiting flows (llm-d's lasWeightHeadWait): the tie-breaker between equally served flows.",
+    )
+    half_life_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Attained service halves every this many seconds, so a flow that went idle returns on "
+        "near-equal terms (llm-d's lasHalfLifeSeconds); 0: no decay.",
+    )
+    forget_after_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="A flow with no completion for this long is forgotten (llm-d's evictionTtlSeconds); "
+        "0: never.",
+    )
+
+
+class CeilingConfig(BaseModel):
+    """Per-priority dispatch ceilings: how much of the pool's room each band may use while a higher band
+    waits (llm-d's usage limit policies)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    policy: Literal["priority-holdback", "soft-reflective"] = Field(
+        description="priority-holdback: fixed ceilings from max_ceiling (highest waiting band) down to "
+        "min_ceiling (lowest); soft-reflective: band i of N has 1 - i x saturation / (N - 1), and a band at "
+        "or past it is opened on one pass in round(saturation / (1 - saturation))."
+    )
+    min_ceiling: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="priority-holdback: the lowest waiting band's ceiling (the share of the pool's room in "
+        "use at which it stops dispatching).",
+    )
+    max_ceiling: float = Field(
+        default=1.0, gt=0, le=1, description="priority-holdback: the highest waiting band's ceiling."
+    )
+    domain: Literal["rank", "value"] = Field(
+        default="rank",
+        description="priority-holdback: ceilings spaced evenly by the bands' rank, or in proportion to their "
+        "priority values.",
+    )
+
+
+class AdmitterConfig(BaseModel):
+    """The probabilistic admitter: sheddable requests refused, before admission, with a probability that
+    rises with the pool's saturation (llm-d's probabilistic-admitter)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    queue_depth_threshold: int = Field(
+        default=5,
+        ge=1,
+        description="A replica's waiting queue at which it counts as saturated (1.0).",
+    )
+    kv_usage_threshold: float = Field(
+        default=0.8, gt=0, description="A replica's KV-cache usage at which it counts as saturated (1.0)."
+    )
+    power: float = Field(
+        default=5.0, gt=0, description="The curve's steepness: min(saturation^power x k, 1)."
+    )
+    k: float = Field(
+        default=300.0,
+        gt=0,
+        description="The curve's scale: every sheddable request is refused from saturation (1/k)^(1/power).",
+    )
+
+
 class FlowControlConfig(BaseModel):
     """The router's queue: requests held while every endpoint they could go to has no room."""
 
@@ -98,10 +182,21 @@ class FlowControlConfig(BaseModel):
     bands: dict[int, QueueBoundsConfig] = Field(
         default_factory=dict, description="Bounds per priority band (by priority); bands not listed: none."
     )
-    fairness: Literal["round-robin", "strict"] = Field(
+    fairness: Literal["round-robin", "strict", "program-aware"] = Field(
         default="round-robin",
         description="Between the flows of one band: round-robin releases first from the flows released "
-        "least; strict ignores flows (one order for the band).",
+        "least; strict ignores flows (one order for the band); program-aware releases first from the flow "
+        "with the least attained service in tokens (see program_aware).",
+    )
+    program_aware: ProgramAwareConfig = Field(default_factory=ProgramAwareConfig)
+    ceilings: CeilingConfig | None = Field(
+        default=None,
+        description="Per-priority dispatch ceilings; null: every band dispatches while its endpoint has "
+        "room.",
+    )
+    admitter: AdmitterConfig | None = Field(
+        default=None,
+        description="The probabilistic admitter; null: none. It works whether or not the queue is enabled.",
     )
     objectives: dict[str, int] = Field(
         default_factory=dict,

@@ -25,6 +25,8 @@ class Room:
     tokens: float | None
     requests: int
     open: bool
+    capacity: float = 0.0
+    """Its whole room in the unit it is counted in (``tokens``, else requests before their first token)."""
 
     def take(self, tokens: int) -> None:
         """A request with ``tokens`` to compute there was released to this endpoint."""
@@ -34,6 +36,13 @@ class Room:
             self.open = self.open and self.tokens > 0
         else:
             self.open = self.open and self.requests > 0
+
+    def used(self) -> float:
+        """The share of its room in use, in [0, 1]: 1 when closed."""
+        if not self.open or self.capacity <= 0:
+            return 1.0
+        left = self.tokens if self.tokens is not None else self.requests
+        return min(1.0, max(0.0, 1.0 - left / self.capacity))
 
 
 @dataclass(slots=True)
@@ -59,6 +68,6 @@ def room_of(endpoint: EndpointSnapshot, config: HeadroomConfig, reserved: Reserv
         per_token = endpoint.engine_tokens_per_prompt_token or 1.0
         budget = speed * config.max_prefill_ms / 1000.0 / per_token
         left = budget - endpoint.queued_prefill_tokens - held.tokens
-        return Room(endpoint.name, left, count_left, not closed and left > 0 and count_left > 0)
+        return Room(endpoint.name, left, count_left, not closed and left > 0 and count_left > 0, budget)
     requests = min(count_left, config.max_prefill_requests - endpoint.prefilling - held.requests)
-    return Room(endpoint.name, None, requests, not closed and requests > 0)
+    return Room(endpoint.name, None, requests, not closed and requests > 0, config.max_prefill_requests)

@@ -8,8 +8,11 @@ first token or end, a scrape) and every ``tick`` while anything waits, what goes
 - queued requests sharing a prefix (the same first ``min_shared_blocks`` block hashes, as a burst window
   groups them) form one group, released together to one endpoint;
 - groups are taken by priority band (highest first), then those waiting longer than ``max_reorder_ms``
-  (oldest first), then, with round-robin fairness, those of the flows released least in their band, then
-  the warmest (the most of their prompt some endpoint holds), then the oldest;
+  (oldest first), then, with round-robin fairness, those of the flows released least in their band (with
+  program-aware fairness: of the flows with the least attained service, :mod:`.fairness`), then the warmest
+  (the most of their prompt some endpoint holds), then the oldest;
+- with per-priority ceilings (:mod:`.ceiling`), a band dispatches only while the pool's room in use is
+  below its ceiling; the pass holds it and every lower band;
 - each group is ranked by the scheduler, as admission would, over the endpoints with the groups taken
   before it in this pass counted as their load; it goes when its first endpoint has room. Otherwise it waits
   for that endpoint (a warm group waits for its cache rather than computing its prefix again elsewhere), its
@@ -38,6 +41,8 @@ from burstsched.admission import Admitted, Role
 from burstsched.admission.clock import Clock, LoopClock
 from burstsched.admission.placement import first
 from burstsched.config.flow_control import FlowControlConfig
+from burstsched.flow.ceiling import CeilingGate, Ceilings
+from burstsched.flow.fairness import AttainedService
 from burstsched.flow.headroom import Reserved, Room, room_of
 from burstsched.flow.identity import Identity
 from burstsched.framework import (
@@ -162,6 +167,8 @@ class FlowQueue:
         self._ready_waiters: list[anyio.Event] = []
         self._tasks: anyio.abc.TaskGroup | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._service = AttainedService(config.program_aware) if config.fairness == "program-aware" else None
+        self._ceilings = Ceilings(config.ceilings) if config.ceilings is not None else None
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -252,6 +259,11 @@ class FlowQueue:
                 self._ready_waiters.append(event)
                 with anyio.move_on_after(TICK_S):
                     await event.wait()
+
+    def completed(self, flow: str, prompt_tokens: int, output_tokens: int) -> None:
+        """A request of ``flow`` finished having used these tokens (program-aware fairness counts them)."""
+        if self._service is not None:
+            self._service.add(flow, prompt_tokens, output_tokens, self._clock.now())
 
     def _check_bounds(self, priority: int, size: int) -> None:
         config = self._config
@@ -443,9 +455,12 @@ class FlowQueue:
         states.sort(key=lambda entry: entry[0])
         pending: dict[str, int] = {}
         backlog = _Backlog(endpoints, self._reserved)
+        gate = self._ceiling_gate(endpoints, rooms)
         for sort_key, members, as_one, state in states:
             if not any(r.open for r in rooms.values()):
                 return
+            if gate is not None and not gate.allows(members[0].identity.priority):
+                continue  # its band is at its ceiling: it stays queued
             overdue = sort_key[1] == 0
             loaded = [dataclasses.replace(e, pending=e.pending + pending.get(e.name, 0)) for e in endpoints]
             decision = self._scheduler.schedule(as_one, loaded, produced=state)
@@ -471,18 +486,45 @@ class FlowQueue:
         for item in items:  # arrival order: each group's first member is its oldest
             grouped.setdefault(item.key, []).append(item)
         round_robin = self._config.fairness == "round-robin"
+        least_served = self._least_served_first(items, now)
         out: list[tuple[list[_Item], tuple[object, ...]]] = []
         for members in grouped.values():
             oldest = members[0]
             priority = oldest.identity.priority
             overdue = now - oldest.since >= reorder
-            served = 0
+            served: float = 0
             if round_robin:
                 band = self._bands.get(priority)
                 served = min((band.served.get(m.identity.flow, 0) for m in members), default=0) if band else 0
+            elif least_served is not None:
+                served = min(least_served[priority, m.identity.flow] for m in members)
             out.append((members, (-priority, 0 if overdue else 1, served, oldest.seq)))
         out.sort(key=lambda entry: entry[1])
         return out
+
+    def _least_served_first(self, items: list[_Item], now: float) -> dict[tuple[int, str], float] | None:
+        """Program-aware fairness: each (band, flow)'s rank in this pass (lower goes first: minus its least
+        attained service score among the band's waiting flows); None under other fairness."""
+        if self._service is None:
+            return None
+        head_waits: dict[int, dict[str, float]] = {}
+        for item in items:  # arrival order: a flow's first item is its oldest
+            flows = head_waits.setdefault(item.identity.priority, {})
+            flows.setdefault(item.identity.flow, now - item.since)
+        return {
+            (priority, flow): -score
+            for priority, flows in head_waits.items()
+            for flow, score in self._service.scores(flows, now).items()
+        }
+
+    def _ceiling_gate(
+        self, endpoints: Sequence[EndpointSnapshot], rooms: Mapping[str, Room]
+    ) -> CeilingGate | None:
+        """Per-priority dispatch ceilings over this pass (None: none configured)."""
+        if self._ceilings is None:
+            return None
+        healthy = [rooms[e.name] for e in endpoints if e.healthy]
+        return CeilingGate(self._ceilings, healthy, list(self._bands))
 
     def _release_group(
         self, members: Sequence[_Item], decision: Decision, target: str, room: Room, now: float

@@ -47,7 +47,7 @@ from burstsched.dispatch import (
     upstream_request_headers,
 )
 from burstsched.dispatch.drain import Drainer
-from burstsched.flow import Disconnected, FlowQueue, FlowRefused, identify
+from burstsched.flow import Disconnected, FlowQueue, FlowRefused, ProbabilisticAdmitter, identify
 from burstsched.framework import ApiKind, KVEventConsumer, PluginContext, PluginRegistry
 from burstsched.front.auth import AuthMiddleware, AuthSettings
 from burstsched.front.draining import RefuseWhileDraining
@@ -59,6 +59,7 @@ from burstsched.front.request import ClientDisconnected, RequestError, parse_req
 from burstsched.kvcache import KVEventHub, stream_addresses
 from burstsched.pool import CircuitSettings, EndpointPool
 from burstsched.recording import Recorder
+from burstsched.recording.line import usage_counts
 from burstsched.scheduling import Scheduler, build_scheduler
 from burstsched.telemetry import RequestTrace, Tracing, resolve_tracing
 from burstsched.telemetry.metrics import CONTENT_TYPE, RouterMetrics
@@ -95,6 +96,8 @@ class Router:
     """Copies of hot shared prefixes to idle endpoints (``prewarm:``; None: off)."""
     flow: FlowQueue | None = None
     """The flow-control queue (``flow_control:``; None: off)."""
+    admitter: ProbabilisticAdmitter | None = None
+    """Sheddable requests refused by chance as the pool saturates (``flow_control.admitter``; None: off)."""
 
     async def handle_completion(
         self, api: ApiKind, scope: Scope, receive: Receive, send: Send, trace: RequestTrace | None = None
@@ -139,6 +142,16 @@ class Router:
             self.metrics.request_done(None, "unavailable")
             await error_response(503, f"no healthy endpoint serves model {model!r}")(scope, receive, send)
             return
+        identity = identify(client_headers, self.config.flow_control)
+        if self.admitter is not None:
+            saturation = self.admitter.refuses(identity.priority, candidates)
+            if saturation is not None:
+                self.metrics.request_done(None, "throttled")
+                message = f"this request's priority ({identity.priority}) is sheddable and the pool is at "
+                message += f"saturation {saturation:.2f}: refused by the probabilistic admitter"
+                retry = {"Retry-After": str(self.config.flow_control.retry_after_s)}
+                await error_response(429, message, headers=retry)(scope, receive, send)
+                return
         if trace is not None:
             trace.admission_started()
         try:
@@ -158,7 +171,6 @@ class Router:
         if trace is not None:
             trace.admitted(admitted)
         if self.flow is not None:
-            identity = identify(client_headers, self.config.flow_control)
             try:
                 released = await self.flow.hold(request, admitted, identity, len(body), receive)
             except FlowRefused as exc:
@@ -193,6 +205,9 @@ class Router:
         )
         if self.recorder is not None:  # queued here (response sent); formatted and written in batches
             self.recorder.record(arrived, parsed, request, admitted, served)
+        if self.flow is not None and served.outcome == "ok":  # the tokens it used, for program-aware fairness
+            prompt_tokens, output_tokens, _ = usage_counts(served.response_tail)
+            self.flow.completed(identity.flow, prompt_tokens or request.prompt_tokens, output_tokens or 0)
 
     async def _token_ids(self, api: ApiKind, payload: dict[str, Any]) -> tuple[int, ...] | None:
         """The prompt's engine token ids; None (the approximate index decides) when they cannot be exact."""
@@ -480,7 +495,8 @@ def create_app(
                 timeouts=upstream_timeouts,
                 first_byte_timeout_s=None if first_byte_ms is None else first_byte_ms / 1000.0,
                 drainer=drainer,
-                keep_response_tail=config.recording.enabled,
+                keep_response_tail=config.recording.enabled
+                or config.flow_control.fairness == "program-aware",
             )
             recorder = None
             if config.recording.enabled:
@@ -519,6 +535,8 @@ def create_app(
             app.state.router.clock = clock
             app.state.router.prewarmer = prewarmer
             app.state.router.flow = flow
+            if config.flow_control.admitter is not None:
+                app.state.router.admitter = ProbabilisticAdmitter(config.flow_control.admitter, rng.random)
             app.state.router.discovery_source = source.source
             router = app.state.router
 
