@@ -23,7 +23,8 @@ traffic (``recording:`` on, lines to a temporary file), and so does ``before+rec
 (loadtests/peers; skipped with the reason when a venv is absent: ``python -m loadtests.peers`` builds them);
 with ``--envoy``, Envoy (one worker thread) alone as a round-robin proxy (``envoy``), and Envoy in front of
 ``burstsched epp --config`` in full-duplex ext_proc mode (``envoy+epp``) or with a buffered request body and
-no response body (``envoy+epp-buffered``): their CPU is Envoy's plus the picker's.
+no response body (``envoy+epp-buffered``): their CPU is Envoy's plus the picker's; with ``--baseline-ref``
+the pickers of that ref too (``before:envoy+epp``...).
 ``--stream-tokens N``: each stream of the fast backends carries N token events (with ``--stream``).
 
 Load: per concurrency level, closed-loop clients over keep-alive raw sockets (loadtests/http_load.py; fresh
@@ -319,6 +320,7 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
             if args.trace:
                 receiver = await stack.enter_async_context(trace_receiver(logdir))
             routers: list[tuple[str, Path, Path | None]] = [("burstsched", config, None)]
+            baseline: tuple[Path, Path] | None = None
             if args.recording:
                 routers.append(("burstsched+rec", recording_config(config, logdir), None))
             if args.baseline_ref:
@@ -334,6 +336,7 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
                     else:
                         before_config = tree_config(tree, args.config)
                         routers.append(("before", before_config, tree))
+                        baseline = (tree, before_config)
                         if args.recording:
                             before_logs = logdir / "before"
                             before_logs.mkdir()
@@ -351,6 +354,12 @@ async def benchmark(args: argparse.Namespace) -> Outcome:
             for name in envoys:
                 starting_envoy = envoy_target(name, config, backends, logdir, probe)
                 await _start(stack, name, starting_envoy, targets, skipped)
+                if baseline is not None and name != "envoy":  # the picker of the baseline ref too
+                    before = f"before:{name}"
+                    starting_before = envoy_target(
+                        name, baseline[1], backends, logdir, probe, tree=baseline[0]
+                    )
+                    await _start(stack, before, starting_before, targets, skipped)
             for spec in peers:
                 await _start(stack, spec, peer(spec, backends, probe), targets, skipped)
             run = Run(targets, backends, receiver, probe, args.request_timeout)

