@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from dataclasses import dataclass
 
 from burstsched.epp import wire
 from burstsched.epp.accounting import Accounting
@@ -52,6 +53,16 @@ BUFFERED = ProcessingMode.BUFFERED
 NONE = ProcessingMode.NONE
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """What the message that completes a request's decision said: whether its body ended (a decision on
+    the trailers: no), whether there is a body to give back, whether the trailers are to be answered."""
+
+    end_of_stream: bool
+    with_body: bool = True
+    trailers: bool = False
+
+
 class Session:
     """The state of one stream; :meth:`run` turns the gateway's messages into the picker's answers."""
 
@@ -66,13 +77,17 @@ class Session:
         self._body: list[bytes] = []
         self._decided = False
         self._accounting: Accounting | None = None
+        self._pending = _Pending(end_of_stream=True)
         self._started = router.metrics.clock()
         self.refused = False
 
     async def run(self, messages: AsyncIterable[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
         try:
             async for message in messages:
-                async for answer in self._answer(message):
+                answers = self._answer(message)
+                if answers is None:  # the message completes what the decision needs
+                    answers = await self._decide()
+                for answer in answers:
                     yield answer
                 if self.refused:
                     return
@@ -84,79 +99,78 @@ class Session:
             if self._accounting is not None:
                 self._accounting.finish()
 
-    async def _answer(self, message: ProcessingRequest) -> AsyncIterator[ProcessingResponse]:
+    def _answer(self, message: ProcessingRequest) -> list[ProcessingResponse] | None:
+        """The answers to one message, or None when the request must now be decided (:meth:`_decide`,
+        which then answers it). Synchronous: only a decision awaits."""
         kind = message.WhichOneof("request")
+        if kind == "response_body":
+            return self._response_body(message.response_body)
+        if kind == "request_body":
+            return self._request_body(message.request_body)
         if kind == "request_headers":
             if message.HasField("protocol_config"):
                 self._request_mode = message.protocol_config.request_body_mode
                 self._response_mode = message.protocol_config.response_body_mode
-            async for answer in self._request_headers(message, message.request_headers):
-                yield answer
-        elif kind == "request_body":
-            async for answer in self._request_body(message.request_body):
-                yield answer
-        elif kind == "request_trailers":
+            return self._request_headers(message, message.request_headers)
+        if kind == "response_headers":
+            return self._response_headers(message.response_headers)
+        if kind == "request_trailers":
             if not self._decided:
-                async for answer in self._decide(end_of_stream=False):
-                    yield answer
-            yield wire.trailers(request=True)
-        elif kind == "response_headers":
-            for answer in self._response_headers(message.response_headers):
-                yield answer
-        elif kind == "response_body":
-            for answer in self._response_body(message.response_body):
-                yield answer
-        elif kind == "response_trailers":
-            yield wire.trailers(request=False)
+                self._pending = _Pending(end_of_stream=False, trailers=True)
+                return None
+            return [wire.trailers(request=True)]
+        if kind == "response_trailers":
             if self._accounting is not None:
                 self._accounting.response_end()
                 self._accounting.finish()
+            return [wire.trailers(request=False)]
+        return []
 
-    async def _request_headers(
+    def _request_headers(
         self, message: ProcessingRequest, headers: HttpHeaders
-    ) -> AsyncIterator[ProcessingResponse]:
+    ) -> list[ProcessingResponse] | None:
         self._headers = wire.header_values(headers.headers)
         self._path = self._headers.get(":path", "")
         self._subset = wire.subset_hint(message)
         if headers.end_of_stream or self._request_mode not in (FULL_DUPLEX, BUFFERED):
-            async for answer in self._decide(end_of_stream=True, with_body=False):
-                yield answer
-        elif self._request_mode == BUFFERED:
-            yield wire.request_headers(wire.stripping())
+            self._pending = _Pending(end_of_stream=True, with_body=False)
+            return None
+        if self._request_mode == BUFFERED:
+            return [wire.request_headers(wire.stripping())]
+        return []
 
-    async def _request_body(self, body: HttpBody) -> AsyncIterator[ProcessingResponse]:
+    def _request_body(self, body: HttpBody) -> list[ProcessingResponse] | None:
         if self._decided:  # decided on the headers: the body goes on unchanged
             if self._request_mode == FULL_DUPLEX:
-                for answer in wire.streamed(body.body, end_of_stream=body.end_of_stream, request=True):
-                    yield answer
-            else:
-                yield wire.body_passed(request=True)
-            return
+                return list(wire.streamed(body.body, end_of_stream=body.end_of_stream, request=True))
+            return [wire.body_passed(request=True)]
         self._body.append(body.body)
         if body.end_of_stream or self._request_mode == BUFFERED:
-            async for answer in self._decide(end_of_stream=body.end_of_stream):
-                yield answer
+            self._pending = _Pending(end_of_stream=body.end_of_stream)
+            return None
+        return []
 
-    async def _decide(
-        self, *, end_of_stream: bool, with_body: bool = True
-    ) -> AsyncIterator[ProcessingResponse]:
+    async def _decide(self) -> list[ProcessingResponse]:
+        pending = self._pending
         self._decided = True
-        body = b"".join(self._body) if with_body else None
+        body = b"".join(self._body) if pending.with_body else None
         self._body = []
         outcome = await self._picker.pick(self._path, self._headers, body, self._subset)
         if isinstance(outcome, Refusal):
             self.refused = True
             self._router.metrics.request_done(None, outcome.outcome)
-            yield wire.immediate(
+            immediate = wire.immediate(
                 outcome.status,
                 outcome.message,
                 headers=outcome.headers,
                 param=outcome.param,
                 code=outcome.code,
             )
-            return
-        for answer in self._route(outcome, body, end_of_stream=end_of_stream):
-            yield answer
+            return [immediate]
+        answers = list(self._route(outcome, body, end_of_stream=pending.end_of_stream))
+        if pending.trailers:
+            answers.append(wire.trailers(request=True))
+        return answers
 
     def _route(self, pick: Pick, body: bytes | None, *, end_of_stream: bool) -> Iterator[ProcessingResponse]:
         self._accounting = Accounting(self._router, pick, self._started)
@@ -169,7 +183,7 @@ class Session:
         if body is not None:  # FULL_DUPLEX_STREAMED: the gathered body goes back to the gateway
             yield from wire.streamed(body, end_of_stream=end_of_stream, request=True)
 
-    def _response_headers(self, headers: HttpHeaders) -> Iterator[ProcessingResponse]:
+    def _response_headers(self, headers: HttpHeaders) -> list[ProcessingResponse]:
         accounting = self._accounting
         if accounting is not None:
             values = wire.header_values(headers.headers)
@@ -178,21 +192,23 @@ class Session:
             accounting.response_head(
                 _status(values.get(":status", "")), body_follows=body_follows, content_length=length
             )
-        yield wire.response_headers(accounting.endpoint_name if accounting is not None else None)
+        answer = wire.response_headers(accounting.endpoint_name if accounting is not None else None)
         if headers.end_of_stream and accounting is not None:
             accounting.response_end()
             accounting.finish()
+        return [answer]
 
-    def _response_body(self, body: HttpBody) -> Iterator[ProcessingResponse]:
+    def _response_body(self, body: HttpBody) -> list[ProcessingResponse]:
         if self._accounting is not None:
             self._accounting.response_body(body.body)
         if self._response_mode == FULL_DUPLEX:
-            yield from wire.streamed(body.body, end_of_stream=body.end_of_stream, request=False)
+            answers = list(wire.streamed(body.body, end_of_stream=body.end_of_stream, request=False))
         else:
-            yield wire.body_passed(request=False)
+            answers = [wire.body_passed(request=False)]
         if body.end_of_stream and self._accounting is not None:
             self._accounting.response_end()
             self._accounting.finish()
+        return answers
 
 
 def _status(text: str) -> int:
