@@ -46,6 +46,7 @@ from burstsched.config.llmd_flow import (
     FLOW_TRANSLATORS,
     FlowPlugin,
     gate_enabled,
+    translate_admitter,
     translate_flow_control,
 )
 from burstsched.config.llmd_params import Params
@@ -73,8 +74,6 @@ UNBUILT_FEATURES = {
     **dict.fromkeys(
         ("predicted-latency-producer", "latency-scorer", "latency-slo-admitter"), "llm-d's latency predictor"
     ),
-    "probabilistic-admitter": "llm-d's probabilistic admitter (sheddable requests refused with a probability "
-    "that rises with pool saturation)",
     **dict.fromkeys(
         (
             "multicluster-file-discovery",
@@ -215,6 +214,9 @@ def _translate_picker_config(
     data = _assemble(plugins, profile, issues, notes)
     if flow_control is not None:
         data["flow_control"] = flow_control
+    admitter = translate_admitter(flow_plugins, issues)
+    if admitter is not None:
+        data.setdefault("flow_control", {})["admitter"] = admitter
     explain += [_explain(plugin, profile) for plugin in plugins.values()]
     explain += flow_explain
     return data

@@ -14,17 +14,21 @@ llm-d                             burstsched ``flow_control``
 ``defaultRequestTTL``             ``ttl_ms`` (default 60 s, as llm-d's)
 ``noEndpointRequestTTL``          ``no_endpoint_wait_ms`` (else ``defaultRequestTTL``, else 60 s)
 fairness policy of the bands      ``fairness``: ``round-robin-fairness-policy`` → ``round-robin``,
-                                  ``global-strict-fairness-policy`` (llm-d's default) → ``strict``
+                                  ``global-strict-fairness-policy`` (llm-d's default) → ``strict``,
+                                  ``program-aware-fairness`` → ``program-aware`` (``program_aware``)
 ordering policy of the bands      ``fcfs-ordering-policy`` (the default), ``edf-ordering-policy`` (every
                                   request has the one default TTL, so its deadlines keep arrival order)
 the saturation detector           ``headroom``: utilization-detector → ``max_waiting``, ``max_kv_usage``;
                                   concurrency-detector → ``max_in_flight``
 ``static-usage-limit-policy``     the detector's thresholds times its ``threshold``
+``priority-holdback-policy``,     ``ceilings`` (per-priority dispatch ceilings)
+``soft-reflective-ceiling-policy``
+``probabilistic-admitter``        ``admitter`` (a plugin, not part of the section: on with or without the
+                                  gate, as llm-d's admitters are)
 ================================= ======================================================================
 
-Refused, one line each where flow control would use them: program-aware fairness, SLO-deadline ordering,
-per-priority usage limits (priority holdback, the soft reflective ceiling), in-flight eviction, bounds for
-bands not listed, a TTL of 0 (no limit), a concurrency detector counting tokens.
+Refused, one line each where flow control would use them: SLO-deadline ordering, in-flight eviction, bounds
+for bands not listed, a TTL of 0 (no limit), a concurrency detector counting tokens.
 """
 
 from __future__ import annotations
@@ -60,6 +64,70 @@ def _fairness(kind: Literal["round-robin", "strict"], explain: str) -> Translato
         return Translated("policy", flow=FlowPart("fairness", fairness=kind), explain=explain)
 
     return translate
+
+
+def _program_aware(name: str, p: Params) -> Translated:
+    p.text("strategy", "las", choices=("las",))
+    settings = {
+        "weight_service": p.number("lasWeightService", 0.8, minimum=0.0),
+        "weight_head_wait": p.number("lasWeightHeadWait", 0.2, minimum=0.0),
+        "half_life_s": p.number("lasHalfLifeSeconds", 60.0, minimum=0.0),
+        "forget_after_s": p.number("evictionTtlSeconds", 3600.0, minimum=0.0),
+    }
+    p.number("evictionSweepSeconds", 300.0, minimum=1e-9)  # burstsched forgets idle flows as it counts
+    return Translated(
+        "policy",
+        flow=FlowPart("fairness", fairness="program-aware", settings=settings),
+        explain="flow_control.fairness program-aware: the flow with the least attained service (prompt + 2 x "
+        f"output tokens, half-life {settings['half_life_s']:g} s) goes first, weights "
+        f"{settings['weight_service']:g} service / {settings['weight_head_wait']:g} head wait",
+    )
+
+
+def _priority_holdback(name: str, p: Params) -> Translated:
+    p.text("shape", "linear", choices=("linear",))
+    domain = p.text("domain", "rank", choices=("rank", "value"))
+    if not p.has("minCeiling"):
+        p.issue("minCeiling", "required: the lowest priority's ceiling, in [0, 1)")
+    low = p.number("minCeiling", 0.0, minimum=0.0, maximum=0.999999)
+    high = p.number("maxCeiling", 1.0, minimum=1e-9, maximum=1.0)
+    if low >= high:
+        p.issue("minCeiling", f"must be below maxCeiling ({high:g}), got {low:g}")
+    settings = {"policy": "priority-holdback", "min_ceiling": low, "max_ceiling": high, "domain": domain}
+    return Translated(
+        "policy",
+        flow=FlowPart("usage-limit", settings=settings),
+        explain=f"flow_control.ceilings priority-holdback: waiting bands dispatch up to {high:g} (highest) "
+        f"down to {low:g} (lowest) of the pool's room, by {domain}",
+    )
+
+
+def _soft_reflective(name: str, p: Params) -> Translated:
+    return Translated(
+        "policy",
+        flow=FlowPart("usage-limit", settings={"policy": "soft-reflective"}),
+        explain="flow_control.ceilings soft-reflective: band i of N waiting dispatches below 1 - i x "
+        "saturation / (N - 1) of the pool's room, past it on one pass in round(saturation / "
+        "(1 - saturation))",
+    )
+
+
+def _probabilistic_admitter(name: str, p: Params) -> Translated:
+    settings = {
+        "queue_depth_threshold": p.integer("queueDepthThreshold", 5, minimum=1),
+        "kv_usage_threshold": p.number("kvCacheUtilThreshold", 0.8, minimum=1e-9),
+        "power": p.number("power", 5.0, minimum=1e-9),
+        "k": p.number("k", 300.0, minimum=1e-9),
+    }
+    return Translated(
+        "policy",
+        flow=FlowPart("admitter", settings=settings),
+        explain="flow_control.admitter: a request of priority below 0 (flow_control.objectives) is refused "
+        f"with 429 before admission with probability min(saturation^{settings['power']:g} x "
+        f"{settings['k']:g}, 1), "
+        f"saturation the mean of max(waiting / {settings['queue_depth_threshold']}, KV usage / "
+        f"{settings['kv_usage_threshold']:g}) over the healthy endpoints",
+    )
 
 
 def _ordering(explain: str) -> Translator:
@@ -114,17 +182,9 @@ def _eviction(name: str, p: Params) -> Translated:
     )
 
 
-_PROGRAM_AWARE = (
-    "llm-d's program-aware fairness (least attained service in tokens per program) is not built in "
-    "burstsched, whose fairness is round-robin-fairness-policy's or global-strict-fairness-policy's"
-)
 _SLO_DEADLINE = (
     "ordering by each request's TTFT objective (x-llm-d-slo-ttft-ms) is not built in burstsched; it releases "
     "in arrival order within priority and fairness, warm prefixes first (fcfs-ordering-policy)"
-)
-_PER_PRIORITY_LIMIT = (
-    "per-priority dispatch ceilings ({what}) are not built in burstsched; every band dispatches while its "
-    "endpoint has room (static-usage-limit-policy)"
 )
 
 FLOW_TRANSLATORS: dict[str, Translator] = {
@@ -134,7 +194,7 @@ FLOW_TRANSLATORS: dict[str, Translator] = {
     DEFAULT_FAIRNESS: _fairness(
         "strict", "flow_control.fairness strict: one order for the band, flows ignored"
     ),
-    "program-aware-fairness": _unsupported("fairness", _PROGRAM_AWARE),
+    "program-aware-fairness": _program_aware,
     DEFAULT_ORDERING: _ordering(
         "arrival order within priority and fairness, where burstsched puts warm prefix groups first (a "
         "request passed over at most flow_control.max_reorder_ms)"
@@ -145,12 +205,9 @@ FLOW_TRANSLATORS: dict[str, Translator] = {
     ),
     "slo-deadline-ordering-policy": _unsupported("ordering", _SLO_DEADLINE),
     DEFAULT_USAGE_LIMIT: _static_usage_limit,
-    "priority-holdback-policy": _unsupported(
-        "usage-limit", _PER_PRIORITY_LIMIT.format(what="priority-holdback-policy")
-    ),
-    "soft-reflective-ceiling-policy": _unsupported(
-        "usage-limit", _PER_PRIORITY_LIMIT.format(what="soft-reflective-ceiling-policy")
-    ),
+    "priority-holdback-policy": _priority_holdback,
+    "soft-reflective-ceiling-policy": _soft_reflective,
+    "probabilistic-admitter": _probabilistic_admitter,
     "concurrency-detector": _concurrency_detector,
     "sheddable-eviction-filter": _eviction,
     "priority-then-time-eviction-order-policy": _eviction,
@@ -282,7 +339,7 @@ def translate_flow_control(
     unlisted_default = not any(t.fairness for t in templates)
     if not fairness:
         fairness[DEFAULT_FAIRNESS] = "flowControl"
-    kinds = _policies(fairness, "fairness", plugins, issues)
+    kinds, fairness_settings = _policies(fairness, "fairness", plugins, issues)
     _policies(orderings, "ordering", plugins, issues)
     if len(set(kinds.values())) > 1:
         used = ", ".join(f"{ref} ({where})" for ref, where in fairness.items())
@@ -295,6 +352,8 @@ def translate_flow_control(
         )
     elif kinds:
         out["fairness"] = next(iter(kinds.values()))
+        if out["fairness"] == "program-aware":
+            out["program_aware"] = next(iter(fairness_settings.values()))
         if bands and unlisted_default and out["fairness"] != "strict":
             notes.append(
                 f"flowControl: priorities not in priorityBands have llm-d's {DEFAULT_FAIRNESS}; burstsched's "
@@ -304,6 +363,8 @@ def translate_flow_control(
     usage = _resolve(usage_ref, "usage-limit", plugins, "flowControl.usageLimitPolicyPluginRef", issues)
     if usage is not None and usage.flow is not None:
         share = usage.flow.threshold
+        if usage.flow.settings is not None:
+            out["ceilings"] = usage.flow.settings
     if detector is not None and detector.flow is not None and detector.flow.gate is not None:
         out["headroom"] = detector.flow.gate(share)
     explain += _explain(out, detector_ref, usage_ref, share)
@@ -361,14 +422,37 @@ def _policies(
     kind: Literal["fairness", "ordering"],
     plugins: Mapping[str, FlowPlugin],
     issues: list[ConfigIssue],
-) -> dict[str, str]:
-    """Each referenced policy's burstsched meaning (fairness: round-robin or strict); refusals, once each."""
+) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """Each referenced policy's burstsched meaning (fairness: round-robin, strict or program-aware) and its
+    settings where it has some; refusals, once each."""
     kinds: dict[str, str] = {}
+    settings: dict[str, dict[str, Any]] = {}
     for ref, path in refs.items():
         translated = _resolve(ref, kind, plugins, path, issues)
         if translated is not None and translated.flow is not None and translated.flow.fairness is not None:
             kinds[ref] = translated.flow.fairness
-    return kinds
+            if translated.flow.settings is not None:
+                settings[ref] = translated.flow.settings
+    return kinds, settings
+
+
+def translate_admitter(plugins: Mapping[str, FlowPlugin], issues: list[ConfigIssue]) -> dict[str, Any] | None:
+    """The probabilistic admitter among the configured plugins → ``flow_control.admitter`` (llm-d runs its
+    admitters whether or not the flowControl gate is on); None without one."""
+    found = [(n, p) for n, p in plugins.items() if p.translated.flow and p.translated.flow.kind == "admitter"]
+    if len(found) > 1:
+        names = ", ".join(repr(n) for n, _ in found)
+        issues.append(
+            ConfigIssue(
+                "plugins",
+                f"not supported: more than one probabilistic admitter ({names}): burstsched has one",
+            )
+        )
+    if not found:
+        return None
+    flow = found[0][1].translated.flow
+    assert flow is not None
+    return flow.settings
 
 
 def _resolve(
@@ -433,6 +517,14 @@ def _explain(out: Mapping[str, Any], detector: str, usage: str, share: float) ->
         f"flowControl fairness: flow_control.fairness {out.get('fairness', 'strict')}; ordering: arrival "
         "order within priority and fairness, except that warm prefix groups go first (a request is passed "
         "over at most flow_control.max_reorder_ms)",
+        f"flowControl usage limit {usage!r}: "
+        + (
+            f"flow_control.ceilings {out['ceilings']['policy']}: a waiting band dispatches only while the "
+            "share of the pool's room in use (burstsched's headroom, averaged over healthy endpoints) is "
+            "below its ceiling, and holds every lower band"
+            if "ceilings" in out
+            else "one ceiling for every band (no per-priority ceilings)"
+        ),
         f"flowControl TTLs: flow_control.ttl_ms {out['ttl_ms']:g}, no_endpoint_wait_ms "
         f"{out['no_endpoint_wait_ms']:g}; bands: {bands or 'none listed'}",
         "flowControl priorities: x-llm-d-inference-objective through flow_control.objectives (llm-d reads "

@@ -72,13 +72,14 @@ _TOKEN_THRESHOLD = 4194304  # llm-d's token-load-scorer default (128 requests of
 class FlowPart:
     """What a flow-control plugin means for burstsched's ``flow_control`` (:mod:`.llmd_flow` reads it)."""
 
-    kind: Literal["fairness", "ordering", "detector", "usage-limit", "eviction"]
-    fairness: Literal["round-robin", "strict"] | None = None
+    kind: Literal["fairness", "ordering", "detector", "usage-limit", "eviction", "admitter"]
+    fairness: Literal["round-robin", "strict", "program-aware"] | None = None
     gate: Callable[[float], dict[str, Any]] | None = (
         None  # a detector: flow_control.headroom at a usage limit
     )
     threshold: float = 1.0  # a static usage limit: the share of the detector's capacity dispatch may use
     unsupported: str = ""  # why burstsched cannot honour it (refused where flow control uses it)
+    settings: dict[str, Any] | None = None  # its flow_control sub-section (program_aware, ceilings, admitter)
 
 
 @dataclass

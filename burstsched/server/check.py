@@ -143,8 +143,15 @@ def _admission(config: RouterConfig) -> str:
 def _queue(config: RouterConfig) -> str:
     """The router's flow-control queue: off, or when an endpoint has room and how the queue is bounded."""
     flow = config.flow_control
+    admitter = flow.admitter
+    shed = ""
+    if admitter is not None:
+        shed = (
+            f"; sheddable requests refused with probability min(saturation^{admitter.power:g} x "
+            f"{admitter.k:g}, 1) (probabilistic admitter)"
+        )
     if not flow.enabled:
-        return "off (each request goes to its endpoint at once)"
+        return "off (each request goes to its endpoint at once)" + shed
     room = flow.headroom
     limits = [f"prefill under {room.max_prefill_ms:g} ms", f"KV usage under {room.max_kv_usage:g}"]
     if room.max_waiting is not None:
@@ -156,7 +163,10 @@ def _queue(config: RouterConfig) -> str:
     )
     return (
         f"on: an endpoint has room with {', '.join(limits)}; fairness {flow.fairness}; ttl {flow.ttl_ms:g} "
-        f"ms; {_bound(flow.max_requests, flow.max_bytes)} in all" + (f"; bands {bands}" if bands else "")
+        f"ms; {_bound(flow.max_requests, flow.max_bytes)} in all"
+        + (f"; bands {bands}" if bands else "")
+        + (f"; {flow.ceilings.policy} ceilings per band" if flow.ceilings is not None else "")
+        + shed
     )
 
 

@@ -184,10 +184,10 @@ def test_a_sheddable_band_loads_with_a_note_on_how_burstsched_sheds() -> None:
     ("plugins", "section", "path", "words"),
     [
         (
-            "- type: program-aware-fairness",
+            "- {type: program-aware-fairness, parameters: {strategy: wfq}}",
             "flowControl: {defaultPriorityBand: {fairnessPolicyRef: program-aware-fairness}}",
-            "flowControl.defaultPriorityBand.fairnessPolicyRef",
-            ["program-aware fairness", "not built"],
+            "plugins[2].parameters.strategy",
+            ["las"],
         ),
         (
             "- type: slo-deadline-ordering-policy",
@@ -198,14 +198,20 @@ def test_a_sheddable_band_loads_with_a_note_on_how_burstsched_sheds() -> None:
         (
             "- type: priority-holdback-policy",
             "flowControl: {usageLimitPolicyPluginRef: priority-holdback-policy}",
-            "flowControl.usageLimitPolicyPluginRef",
-            ["per-priority dispatch ceilings", "priority-holdback-policy"],
+            "plugins[2].parameters.minCeiling",
+            ["required"],
         ),
         (
-            "- type: soft-reflective-ceiling-policy",
+            "- {type: priority-holdback-policy, parameters: {minCeiling: 0.8, maxCeiling: 0.6}}",
+            "flowControl: {usageLimitPolicyPluginRef: priority-holdback-policy}",
+            "plugins[2].parameters.minCeiling",
+            ["below maxCeiling"],
+        ),
+        (
+            "- {type: soft-reflective-ceiling-policy, parameters: {threshold: 0.5}}",
             "flowControl: {usageLimitPolicyPluginRef: soft-reflective-ceiling-policy}",
-            "flowControl.usageLimitPolicyPluginRef",
-            ["per-priority dispatch ceilings", "soft-reflective-ceiling-policy"],
+            "plugins[2].parameters.threshold",
+            ["unknown"],
         ),
         ("", "flowControl: {enableEviction: true}", "flowControl.enableEviction", ["in-flight eviction"]),
         ("", "flowControl: {defaultRequestTTL: 0s}", "flowControl.defaultRequestTTL", ["no limit"]),
@@ -245,10 +251,16 @@ def test_a_sheddable_band_loads_with_a_note_on_how_burstsched_sheds() -> None:
         ("", "flowControl: {priorityBands: [{maxRequests: 5}]}", "flowControl.priorityBands[0].priority", []),
         ("", "flowControl: {queueing: on}", "flowControl.queueing", ["unknown"]),
         (
-            "- type: probabilistic-admitter",
+            "- {type: probabilistic-admitter, parameters: {power: 0}}",
             "",
-            "plugins[2].type",
-            ["probabilistic admitter", "not built"],
+            "plugins[2].parameters.power",
+            ["must be"],
+        ),
+        (
+            "- {type: probabilistic-admitter, name: a}\n- {type: probabilistic-admitter, name: b}",
+            "",
+            "plugins",
+            ["more than one probabilistic admitter"],
         ),
     ],
 )
@@ -326,3 +338,102 @@ async def test_the_flow_control_guide_runs_a_router_whose_queue_is_on() -> None:
                 json={"model": "kv-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
             )
             assert answer.status_code == 200
+
+
+def test_program_aware_fairness_becomes_least_attained_service_with_its_parameters() -> None:
+    loaded = _load(
+        """
+        - type: program-aware-fairness
+          parameters: {strategy: las, lasWeightService: 0.6, lasWeightHeadWait: 0.4, lasHalfLifeSeconds: 30,
+                       evictionTtlSeconds: 600, evictionSweepSeconds: 60}
+        """,
+        "flowControl: {defaultPriorityBand: {fairnessPolicyRef: program-aware-fairness}}\n",
+    )
+    flow = loaded.config.flow_control
+    assert flow.fairness == "program-aware"
+    aware = flow.program_aware
+    assert (aware.weight_service, aware.weight_head_wait, aware.half_life_s, aware.forget_after_s) == (
+        0.6,
+        0.4,
+        30.0,
+        600.0,
+    )
+    line = next(x for x in loaded.explain if x.startswith("program-aware-fairness"))
+    assert "least attained service" in line and "half-life 30 s" in line
+    # llm-d's defaults when the plugin has no parameters
+    plain = _load(
+        "- type: program-aware-fairness",
+        "flowControl: {defaultPriorityBand: {fairnessPolicyRef: program-aware-fairness}}\n",
+    ).config.flow_control.program_aware
+    assert (plain.weight_service, plain.weight_head_wait, plain.half_life_s, plain.forget_after_s) == (
+        0.8,
+        0.2,
+        60.0,
+        3600.0,
+    )
+
+
+def test_usage_limit_policies_become_per_priority_ceilings() -> None:
+    holdback = _load(
+        """
+        - type: priority-holdback-policy
+          name: hold
+          parameters: {shape: linear, domain: value, minCeiling: 0.4, maxCeiling: 0.9}
+        """,
+        "flowControl: {usageLimitPolicyPluginRef: hold}\n",
+    )
+    ceilings = holdback.config.flow_control.ceilings
+    assert ceilings is not None
+    assert (ceilings.policy, ceilings.min_ceiling, ceilings.max_ceiling, ceilings.domain) == (
+        "priority-holdback",
+        0.4,
+        0.9,
+        "value",
+    )
+    assert any(
+        "flowControl usage limit 'hold': flow_control.ceilings priority-holdback" in x
+        for x in holdback.explain
+    )
+    soft = _load(
+        "- type: soft-reflective-ceiling-policy",
+        "flowControl: {usageLimitPolicyPluginRef: soft-reflective-ceiling-policy}\n",
+    ).config.flow_control
+    assert soft.ceilings is not None and soft.ceilings.policy == "soft-reflective"
+    # the default (static) usage limit sets no ceilings
+    assert _load().config.flow_control.ceilings is None
+
+
+def test_the_probabilistic_admitter_loads_with_or_without_the_flow_control_gate() -> None:
+    """llm-d runs admitters at the admission point whether or not its flowControl gate is on."""
+    plugin = """
+        - type: probabilistic-admitter
+          parameters: {queueDepthThreshold: 8, kvCacheUtilThreshold: 0.9, power: 3, k: 100}
+        """
+    for gate in (False, True):
+        flow = _load(plugin, gate=gate).config.flow_control
+        assert flow.enabled is gate
+        assert flow.admitter is not None
+        admitter = flow.admitter
+        assert (admitter.queue_depth_threshold, admitter.kv_usage_threshold, admitter.power, admitter.k) == (
+            8,
+            0.9,
+            3.0,
+            100.0,
+        )
+    defaults = _load("- type: probabilistic-admitter", gate=False).config.flow_control.admitter
+    assert defaults is not None and (defaults.queue_depth_threshold, defaults.power, defaults.k) == (
+        5,
+        5.0,
+        300.0,
+    )
+    assert _load().config.flow_control.admitter is None
+
+
+def test_check_says_what_the_admitter_example_does() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    path = CORPUS / "router-deploy-probabilistic-admitter-epp-config.yaml"
+    status = check_files([path], out=out, err=err, explain=True)
+    text = out.getvalue()
+    assert status == 0, err.getvalue()
+    assert "queue:     off" in text and "refused with probability min(saturation^5 x 300, 1)" in text
+    assert "probabilistic-admitter 'probabilistic-admitter': flow_control.admitter" in text
