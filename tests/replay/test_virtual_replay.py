@@ -181,7 +181,7 @@ def test_metrics_render_ms_prices_each_scrape_and_its_absence_is_noted_when_inte
     configs = []
     for interval in (50, 1000):
         config = yaml.safe_load((REPO / "config" / "default.yaml").read_text())
-        config["pool"]["scrape_interval_ms"] = interval
+        config.setdefault("pool", {})["scrape_interval_ms"] = interval
         path = tmp_path / f"scrape-{interval}.yaml"
         path.write_text(yaml.safe_dump(config))
         configs += ["--config", str(path)]
