@@ -138,7 +138,9 @@ def test_prompts_that_part_at_a_block_share_half_of_it_and_no_more() -> None:
 def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
     """Latencies made from known costs (a third of the TTFTs delayed by a queue; every other arrival two
     requests side by side, the second arriving while the first is served, its front end, prefill and every
-    step then slower): the fits find the step, the slowdown per extra sequence, prefill and front end."""
+    step then slower, each step as the simulator times it): the fits find the step, the slowdown per extra
+    sequence, prefill and front end. The first of two decodes beside the second's prefill and stays until
+    the second ends: its cadence is left out, as is the second's TTFT (it had a prompt ahead of it)."""
     rng = random.Random(11)
     step, slowdown, prefill, frontend = 0.004, 0.5, 80e-6, 12e-6
     decode = CostModel().decode_s_per_seq
@@ -150,22 +152,27 @@ def test_calibration_recovers_the_costs_that_made_the_latencies() -> None:
         if k % 3 == 0:
             ttft += rng.uniform(0.05, 0.3)  # waited behind others
         together = 1 + k % 2
-        e2e = ttft + 15 * (step + decode) * (1 + slowdown * (together - 1))
+        e2e = ttft + 15 * (step + decode * together) * (1 + slowdown * (together - 1))
         base = dataclasses.replace(_traced((1, 2), 10), t=10.0 * k)
         line = dataclasses.replace(
             base, input_tokens=prompt, cached_tokens=cached, ttft_ms=ttft * 1000, e2e_ms=e2e * 1000
         )
-        requests.append(dataclasses.replace(line, output_tokens=16))
-        if together == 2:  # 1 ms later, beside the first: the whole TTFT is slowed by the load
-            busy_ttft = (step + prefill * (prompt - cached) + frontend * prompt) * (1 + slowdown)
-            e2e_busy = busy_ttft + e2e - ttft
-            requests.append(
-                dataclasses.replace(
-                    line, t=line.t + 0.001, output_tokens=16, ttft_ms=busy_ttft * 1000, e2e_ms=e2e_busy * 1000
-                )
+        if together == 1:
+            requests.append(dataclasses.replace(line, output_tokens=16))
+            continue
+        # 1 ms later, beside the first: the whole TTFT is slowed by the load
+        busy_ttft = (step + prefill * (prompt - cached) + frontend * prompt) * (1 + slowdown)
+        e2e_busy = busy_ttft + e2e - ttft
+        first_e2e = max(e2e, 0.001 + e2e_busy + 0.001)  # the first ends after the second
+        requests.append(dataclasses.replace(line, output_tokens=16, e2e_ms=first_e2e * 1000))
+        requests.append(
+            dataclasses.replace(
+                line, t=line.t + 0.001, output_tokens=16, ttft_ms=busy_ttft * 1000, e2e_ms=e2e_busy * 1000
             )
+        )
     fitted = calibrate(requests)
-    assert fitted is not None and fitted.points == 90 and fitted.step_points == 90
+    assert fitted is not None and fitted.points == 90
+    assert fitted.step_points == 60 and fitted.ttft_points == 60
     assert fitted.cost.step_overhead_s == pytest.approx(step, abs=2e-4)
     assert fitted.cost.load_slowdown == pytest.approx(slowdown, abs=0.02)
     assert fitted.cost.prefill_s_per_token == pytest.approx(prefill, rel=0.05)
