@@ -24,6 +24,7 @@ from burstsched.replay.rebuild import rebuild_prompts
 from burstsched.replay.report import (
     OBJECTIVES,
     best,
+    flow_line,
     placement_fidelity,
     recorded_row,
     row,
@@ -295,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize_trace(requests)
     shown = [recorded_row(summary), *([] if placement is None else [row(placement)])]
     print(text_table([*shown, *(row(r) for r in results)]))
+    for line in filter(None, map(flow_line, results)):
+        print(f"flow control, {line}")
     if placement is not None:
         print("recorded placement against the recording, by kind of request:")
         print(text_table(placement_fidelity(requests, placement), FIDELITY_HEADER))

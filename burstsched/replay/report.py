@@ -160,6 +160,9 @@ def write_report(
                 markdown_table(placement_fidelity(requests, placement), FIDELITY_HEADER),
                 "",
             ]
+    held = [line for line in map(flow_line, results) if line]
+    if held:
+        lines += ["Flow control:", "", *(f"- {line}" for line in held), ""]
     if elapsed_s is not None:
         lines += [f"Wall time of the replays: {elapsed_s:.0f} s.", ""]
     if winner is not None:
@@ -169,6 +172,19 @@ def write_report(
     lines += [f"![{kind}]({p.name})" for kind, p in plots.items()]
     paths["markdown"].write_text("\n".join(lines) + "\n")
     return paths
+
+
+def flow_line(result: ReplayResult) -> str | None:
+    """What the router's flow-control queue did in one replay (None: it held nothing, or was off)."""
+    outcomes = result.flow_outcomes
+    if not outcomes:
+        return None
+    parts = ", ".join(f"{outcome} {count}" for outcome, count in outcomes.items())
+    held = sum(outcomes.values())
+    return (
+        f"{result.label}: {held} requests held in the router's queue ({parts}), "
+        f"{result.flow_wait_s / held:.2f} s each on average"
+    )
 
 
 def _fields(obj: Any) -> dict[str, Any]:

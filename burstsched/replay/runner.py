@@ -84,6 +84,12 @@ class ReplayResult:
     ttft_by_request_ms: list[float | None] = field(default_factory=list)
     """Each trace request's replayed TTFT, in the trace's order (None: it failed or gave no text)."""
     settings: dict[str, Any] = field(default_factory=dict)
+    flow_outcomes: dict[str, int] = field(default_factory=dict)
+    """With ``flow_control`` on (virtual time): requests the router's queue held, by how they left it
+    (``released``, ``expired``, ``cancelled``...; requests that found room went straight through and are not
+    counted); its /metrics' ``burstsched_flow_queue_wait_seconds`` counts."""
+    flow_wait_s: float = 0.0
+    """The seconds those requests waited in the router's queue, in all (the replay's time)."""
 
     def metric(self, name: str) -> float:
         return float(getattr(self, name))

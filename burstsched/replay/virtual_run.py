@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp
 
 from burstsched.admission.clock import LoopClock
@@ -127,6 +128,30 @@ async def _send(
     return done, first
 
 
+async def flow_outcomes(client: AsgiUpstream) -> tuple[dict[str, int], float]:
+    """Requests the router's flow-control queue held, by how they left it, and the seconds they waited there
+    in all, from the router's /metrics."""
+    response = await client.request("GET", f"{_ROUTER}/metrics", [], b"", {})
+    try:
+        if response.status != 200:  # an admin key the replay does not have
+            return {}, 0.0
+        text = b"".join([chunk async for chunk in response.iter_body()]).decode()
+    finally:
+        await response.aclose()
+    counts: dict[str, int] = {}
+    waited = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "burstsched_flow_queue_wait_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_count") and sample.value:
+                outcome = sample.labels["outcome"]
+                counts[outcome] = counts.get(outcome, 0) + round(sample.value)
+            elif sample.name.endswith("_sum"):
+                waited += sample.value
+    return dict(sorted(counts.items())), waited
+
+
 class RecordedPlacement:
     """In place of a router config: each request goes straight to the replica standing for the endpoint it
     was recorded on (the recorded endpoints, sorted by name, are ``sim-0``, ``sim-1``, ...). Its row shows
@@ -208,7 +233,12 @@ async def replay_virtual(
             for index in range(len(requests)):
                 tg.create_task(one(index))
         after = await settled_snapshot(scrape, endpoints, before, ok)
-    return summarize(label, requests, ok, ttfts, before, after, time.perf_counter() - started)
+        flow: tuple[dict[str, int], float] = ({}, 0.0)
+        if isinstance(config, RouterConfig) and config.flow_control.enabled:
+            flow = await flow_outcomes(client)
+    result = summarize(label, requests, ok, ttfts, before, after, time.perf_counter() - started)
+    result.flow_outcomes, result.flow_wait_s = flow
+    return result
 
 
 def run_config(
