@@ -163,6 +163,15 @@ class FlowControlConfig(BaseModel):
         description="A queued request waiting this long is released first, to the best endpoint with room, "
         "whatever its prefix: the bound on how long the cache-aware order may pass it over.",
     )
+    stay_margin: float = Field(
+        default=1.0,
+        ge=0,
+        description="A queued group warmer on the endpoint it waits for moves to another with room only when "
+        "its first token there would come sooner by more than this share (1.0: twice as soon): moving "
+        "computes its prefix again, work every later request waits behind, so an estimate's error must not "
+        "move it (the cost-scorer's stay_margin, for the queue). A group no warmer there moves whenever it "
+        "is no later.",
+    )
     ttl_ms: float = Field(
         default=60000.0,
         gt=0,

@@ -468,14 +468,15 @@ class FlowQueue:
             if not ranked:
                 continue
             members = members[: self._max_per_endpoint]
-            target = _target(ranked, rooms, backlog, _own_tokens(members, decision), overdue)
+            own = _own_tokens(members, decision)
+            target = _target(ranked, rooms, backlog, own, overdue, self._config.stay_margin)
             if target is None:
                 pending[ranked[0]] = pending.get(ranked[0], 0) + len(members)
-                backlog.add(ranked[0], _own_tokens(members, decision)(ranked[0]))
+                backlog.add(ranked[0], own(ranked[0]))
                 continue
             self._release_group(members, decision, target, rooms[target], now)
             pending[target] = pending.get(target, 0) + len(members)
-            backlog.add(target, _own_tokens(members, decision)(target))
+            backlog.add(target, own(target))
 
     def _groups(
         self, items: list[_Item], now: float, reorder: float
@@ -575,11 +576,14 @@ def _target(
     backlog: _Backlog,
     own: Callable[[str], int],
     overdue: bool,
+    stay_margin: float,
 ) -> str | None:
     """Where a group goes now: its first-ranked endpoint if that has room. Else the endpoint with room
-    where it would get its first token soonest, if sooner than by waiting for its first choice (whose
-    backlog it joins): a cold group takes any room, a warm one moves only when its cache's queue costs more
-    than computing the prompt elsewhere. An overdue group takes the best-ranked room. None: it waits."""
+    where it would get its first token soonest, if that is no later than by waiting for its first choice
+    (whose backlog it then joins): a cold group takes any room; a group warmer at its first choice moves
+    only when waiting there costs more than ``1 + stay_margin`` times its first token elsewhere (moving
+    computes its prefix again and adds that to the pool's work, so an estimate's error must not move it).
+    An overdue group takes the best-ranked room. None: it waits."""
     first_choice = ranked[0]
     if rooms[first_choice].open:
         return first_choice
@@ -589,8 +593,9 @@ def _target(
     if overdue:
         return with_room[0]
     best = min(with_room, key=lambda name: backlog.ttft(name, own(name)))
-    if backlog.ttft(best, own(best)) <= backlog.ttft(first_choice, own(first_choice)):
-        return best  # sooner, or as soon (work-conserving: no cache is lost by taking the room)
+    margin = 1.0 + stay_margin if own(best) > own(first_choice) else 1.0
+    if backlog.ttft(best, own(best)) * margin <= backlog.ttft(first_choice, own(first_choice)):
+        return best
     return None
 
 
