@@ -5,7 +5,9 @@ ledger) until its ext_proc stream ends; its first response body byte ends its pr
 first token for the endpoint's fitted model (:mod:`burstsched.pool.ttft_fit`); a 5xx answer counts as the
 endpoint's failure, anything else as its success. The scheduler's dispatch hooks (the prefix indexes) hear
 of a whole-body request when it is picked, of a stream when its response head comes back 2xx (as in
-:mod:`burstsched.dispatch.proxy`).
+:mod:`burstsched.dispatch.proxy`). When the gateway says a fallback served the response
+(``x-gateway-destination-endpoint-served`` in the response's ``envoy.lb`` metadata), the pick counts as a
+failed attempt and the request moves to the fallback's account.
 
 The router's latency histograms see it as they see a request through ``serve``, timed from the stream's
 first message (the request's headers at the gateway): time to first token at a stream's first response body
@@ -24,6 +26,8 @@ from __future__ import annotations
 import time
 
 from burstsched.epp.picker import Pick
+from burstsched.epp.wire import endpoint_address
+from burstsched.framework import EndpointSnapshot
 from burstsched.front.app import Router
 from burstsched.pool import CircuitState
 
@@ -48,15 +52,37 @@ class Accounting:
         """Nothing of the response comes after its head (no body, or the gateway does not send it)."""
         self._length: int | None = None
         self._seen = 0
-        pool = router.pool
+        self._claimed = CircuitState.CLOSED
+        self._load = (0, 0)
+        self._sent_at = time.monotonic()
+        self._attempt(pick.endpoint)
+
+    def _attempt(self, endpoint: EndpointSnapshot) -> None:
+        """Count the request on ``endpoint`` (in flight, its prefill in the ledger, a circuit attempt)."""
+        pick, pool = self._pick, self._router.pool
+        self._name = endpoint.name
         claimed = pool.begin_attempt(self._name)
         self._claimed = claimed if claimed is not None else CircuitState.CLOSED
         prompt_tokens = pick.request.prompt_tokens if pick.request is not None else 0
         pool.acquire(self._name, self._prefill, prompt_tokens)
         self._load = pool.load(self._name)
-        self._sent_at = time.monotonic()
         if pick.request is not None and not pick.stream:
-            router.scheduler.on_dispatch(pick.request, pick.endpoint)
+            self._router.scheduler.on_dispatch(pick.request, endpoint)
+
+    def served_by(self, address: str | None) -> None:
+        """The gateway says ``address`` served the response (``x-gateway-destination-endpoint-served``): when
+        that is one of the fallbacks, the pick failed and the request moves to that endpoint's account."""
+        if address is None or self._done:
+            return
+        endpoint = next((e for e in self._pick.endpoints if endpoint_address(e.url) == address), None)
+        if endpoint is None or endpoint.name == self._name:
+            return
+        pool = self._router.pool
+        pool.release(self._name, self._prefill)
+        pool.end_attempt(self._name, self._claimed)
+        pool.report_failure(self._name, unreachable=False)
+        self._router.metrics.attempt(self._name, "gateway_failover")
+        self._attempt(endpoint)
 
     @property
     def endpoint_name(self) -> str:

@@ -113,6 +113,8 @@ class Session:
                 self._response_mode = message.protocol_config.response_body_mode
             return self._request_headers(message, message.request_headers)
         if kind == "response_headers":
+            if self._accounting is not None:
+                self._accounting.served_by(wire.served_address(message))
             return self._response_headers(message.response_headers)
         if kind == "request_trailers":
             if not self._decided:
