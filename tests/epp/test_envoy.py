@@ -186,9 +186,7 @@ async def test_a_client_destination_header_is_never_obeyed(
         assert set(_destinations(sims, index)) <= {endpoint_address(sims.urls[index])}
 
 
-async def test_no_ready_endpoint_is_503(
-    sims: SimPool, envoy_path: Path, workdir: Path
-) -> None:
+async def test_no_ready_endpoint_is_503(sims: SimPool, envoy_path: Path, workdir: Path) -> None:
     """Immediate responses in OpenAI's error shape: 503 when no endpoint of the pool is healthy (and the
     metrics port's /ready says 503 too, while /health stays 200)."""
     async with (
