@@ -71,6 +71,19 @@ def group_requests(requests: Iterable[tuple[str, BlockChain]], min_shared_blocks
     return groups
 
 
+def shared_blocks(a: BlockChain, b: BlockChain) -> int:
+    """How many leading blocks two chains share: hashes are chained, so equal hashes at block ``i`` mean
+    equal blocks up to ``i``, and a binary search finds the longest shared run."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def _group_of(head: tuple[Hashable, ...], members: list[tuple[str, BlockChain]]) -> Group:
     """One group from requests sharing ``head``: a trie over the rest of their chains gives the longest
     shared prefix and the member order."""

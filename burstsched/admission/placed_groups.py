@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from burstsched.admission.grouping import shared_blocks
+
 
 @dataclass(slots=True)
 class PlacedGroup:
@@ -30,17 +32,8 @@ class PlacedGroup:
     expires_at: float
 
     def shared_with(self, chain: Sequence[Hashable]) -> int:
-        """How many leading blocks ``chain`` shares with the group's prefix (chained hashes: equal hashes at
-        block ``i`` mean equal blocks up to ``i``, so a binary search finds the longest)."""
-        prefix = self.prefix
-        low, high = 0, min(len(prefix), len(chain))
-        while low < high:
-            mid = (low + high + 1) // 2
-            if prefix[mid - 1] == chain[mid - 1]:
-                low = mid
-            else:
-                high = mid - 1
-        return low
+        """How many leading blocks ``chain`` shares with the group's prefix."""
+        return shared_blocks(self.prefix, chain)
 
 
 class PlacedGroups:

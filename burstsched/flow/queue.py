@@ -39,6 +39,7 @@ from starlette.types import Receive
 
 from burstsched.admission import Admitted, Role
 from burstsched.admission.clock import Clock, LoopClock
+from burstsched.admission.grouping import shared_blocks
 from burstsched.admission.placement import first
 from burstsched.config.flow_control import FlowControlConfig
 from burstsched.flow.ceiling import CeilingGate, Ceilings
@@ -539,7 +540,7 @@ class FlowQueue:
                 tokens = uncached_tokens(request, match)
                 released = Released(chosen, Role.LEADER, 0, now - item.since, queued=True)
             else:
-                shared = _shared_blocks(leader.block_hashes, request.block_hashes)
+                shared = shared_blocks(leader.block_hashes, request.block_hashes)
                 tokens = max(0, request.prompt_tokens - shared * request.block_tokens)
                 released = Released(chosen, Role.MEMBER, shared, now - item.since, queued=True)
             room.take(tokens)
@@ -605,7 +606,7 @@ def _own_tokens(members: Sequence[_Item], decision: Decision) -> Callable[[str],
     leader = members[0].request
     tails = 0
     for item in members[1:]:
-        shared = _shared_blocks(leader.block_hashes, item.request.block_hashes)
+        shared = shared_blocks(leader.block_hashes, item.request.block_hashes)
         tails += max(0, item.request.prompt_tokens - shared * item.request.block_tokens)
 
     def on(name: str) -> int:
@@ -624,18 +625,6 @@ def _warmth(state: CycleState, endpoints: Sequence[EndpointSnapshot], total: int
         if match is not None and match.total_blocks > 0:
             best = max(best, round(match.matched_blocks * total / match.total_blocks))
     return best / total
-
-
-def _shared_blocks(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
-    """Leading blocks two chains share (chained hashes: equal at block i means equal up to i)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
 
 
 async def _watch_disconnect(receive: Receive, done: anyio.Event, scope: anyio.CancelScope) -> None:
