@@ -172,6 +172,28 @@ class Params:
             return None
         return parsed
 
+    def strings(self, key: str) -> list[str]:
+        """A list of strings (empty when absent)."""
+        value = self._take(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.issue(key, f"must be a list of strings, got {value!r}")
+            return []
+        return list(value)
+
+    def string_map(self, key: str) -> dict[str, str]:
+        """A mapping of strings to strings (empty when absent)."""
+        value = self._take(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            self.issue(key, f"must be a mapping of strings to strings, got {value!r}")
+            return {}
+        return dict(value)
+
     def nested(self, key: str) -> Params:
         """The object under ``key`` (empty when absent), read the same way; call its :meth:`finish` too."""
         return Params(self._take(key), join_path(self.path, key), self.plugin, self._issues)

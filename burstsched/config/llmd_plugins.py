@@ -20,6 +20,10 @@ utilization-detector            ``metricsStalenessThreshold`` → ``pool.stalene
                                 ``drop_stale``) and ``saturation-filter`` at ``threshold × (1 + headroom)``;
                                 with flow control on, ``flow_control.headroom`` at ``threshold``
 single-profile-handler          nothing (burstsched runs one profile)
+label-selector-filter           ``label-selector-filter`` (``matchLabels``, ``matchExpressions`` → its
+                                ``match_labels``, ``match_expressions``); also its deprecated name
+                                ``by-label-selector``
+lora-affinity-scorer            ``lora-affinity-scorer`` (no parameters)
 =============================== ========================================================================
 
 Differences kept on purpose: burstsched hashes a prompt's bytes into pseudo-tokens of 4 bytes and uses
@@ -37,6 +41,7 @@ from typing import Any, Literal
 
 from burstsched.config.admission import AdmissionConfig
 from burstsched.config.kv_events import check_zmq_address
+from burstsched.config.labels import check_label_key, check_label_value
 from burstsched.config.llmd_params import Params
 from burstsched.config.models import PluginSpec
 
@@ -521,6 +526,65 @@ def _session_affinity(burstsched_type: str) -> Translator:
     return translate
 
 
+_LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def _label_selector(name: str, p: Params) -> Translated:
+    """A Kubernetes ``LabelSelector`` (``matchLabels``, ``matchExpressions``), as llm-d decodes it."""
+    labels = p.string_map("matchLabels")
+    for label, value in labels.items():
+        problem = _label_issue(label, value)
+        if problem:
+            p.issue(f"matchLabels.{label}", problem)
+    parameters: dict[str, Any] = {"match_labels": labels}
+    expressions: list[dict[str, Any]] = []
+    for entry in p.entries("matchExpressions"):
+        key = entry.text("key", "")
+        if not key:
+            entry.issue("key", "required: the label key")
+        elif problem := _label_issue(key, ""):
+            entry.issue("key", problem)
+        operator = entry.text("operator", "", choices=_LABEL_OPERATORS)
+        if not operator and not entry.has("operator"):
+            entry.issue("operator", f"required: one of {', '.join(_LABEL_OPERATORS)}")
+        values = entry.strings("values")
+        for i, value in enumerate(values):
+            if problem := _label_issue("", value):
+                entry.issue(f"values[{i}]", problem)
+        if operator in ("In", "NotIn") and not values:
+            entry.issue("values", f"must list at least one value for {operator}")
+        elif operator in ("Exists", "DoesNotExist") and values:
+            entry.issue("values", f"must be empty for {operator}")
+        entry.finish()
+        expressions.append({"key": key, "operator": operator or "Exists", "values": values})
+    parameters["match_expressions"] = expressions
+    return Translated(
+        "filter",
+        PluginSpec(type="label-selector-filter", name=name, parameters=parameters),
+        explain="when no endpoint matches, burstsched keeps them all (its filters fail open), where llm-d "
+        "has no endpoint for the request; endpoints found through EndpointSlices carry no labels",
+    )
+
+
+def _label_issue(key: str, value: str) -> str:
+    """Why ``key`` (when given) or ``value`` is no Kubernetes label key or value; empty when both are."""
+    try:
+        if key:
+            check_label_key(key)
+        check_label_value(value)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def _lora_affinity(name: str, p: Params) -> Translated:
+    return Translated(
+        "scorer",
+        PluginSpec(type="lora-affinity-scorer", name=name),
+        explain="reads each replica's vllm:lora_requests_info from burstsched's own scrape",
+    )
+
+
 def _data_parallel_handler(name: str, p: Params) -> Translated:
     p.integer("primaryPort", 8000, minimum=1, maximum=65535)
     return Translated(
@@ -579,6 +643,9 @@ TRANSLATORS: dict[str, Translator] = {
     "passthrough-parser": _passthrough_parser,
     "precise-prefix-cache-scorer": _precise_scorer,
     "data-parallel-profile-handler": _data_parallel_handler,
+    "label-selector-filter": _label_selector,
+    "by-label-selector": _label_selector,  # llm-d's deprecated name for it
+    "lora-affinity-scorer": _lora_affinity,
 }
 """llm-d plugin type → its translation."""
 
@@ -600,5 +667,8 @@ BURSTSCHED_TYPES: dict[str, str] = {
     "session-affinity-scorer": "session-affinity-scorer",
     "session-affinity-filter": "session-affinity-filter",
     "precise-prefix-cache-scorer": "prefix-cache-scorer",
+    "label-selector-filter": "label-selector-filter",
+    "by-label-selector": "label-selector-filter",
+    "lora-affinity-scorer": "lora-affinity-scorer",
 }
 """llm-d plugin type → the burstsched plugin type it becomes (types that become a plugin only)."""

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from burstsched.config.admission import AdmissionConfig
 from burstsched.config.flow_control import FlowControlConfig
 from burstsched.config.kv_events import KVEventsConfig, check_zmq_address
+from burstsched.config.labels import check_label_key, check_label_value
 from burstsched.config.prewarm import PrewarmConfig
 from burstsched.config.saturation import SaturationConfig
 from burstsched.config.tokenizer import TokenizerConfig
@@ -45,6 +46,19 @@ class EndpointConfig(StrictModel):
         description="This replica's KV-event replay address (ZMQ ROUTER, e.g. tcp://10.0.0.5:5558); "
         "overrides kv_events.replay_template.",
     )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="The replica's labels, as a pod's Kubernetes labels (read by label-selector-filter); "
+        "Kubernetes discovery of pods fills them in from each pod.",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            check_label_key(key)
+            check_label_value(value)
+        return labels
 
     @field_validator("kv_events", "kv_events_replay")
     @classmethod

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import anyio
 
 from burstsched.config import EndpointConfig
-from burstsched.discovery.source import address_name, address_url, endpoint_key
+from burstsched.discovery.source import EndpointKey, address_name, address_url, endpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class DnsDiscovery:
         ]
 
     async def endpoint_sets(self) -> AsyncGenerator[list[EndpointConfig], None]:
-        last: frozenset[tuple[str, str]] | None = None
+        last: EndpointKey | None = None
         while True:
             try:
                 addresses = await self._resolve(self._host, self._port)

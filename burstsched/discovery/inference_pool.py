@@ -74,7 +74,7 @@ def pool_endpoints(obj: Mapping[str, Any], scheme: str, ports: Sequence[int]) ->
     for port in ports:
         for endpoint in pod_endpoints(obj, scheme, port):
             name = f"{endpoint.endpoint_name}:{port}" if len(ports) > 1 else endpoint.endpoint_name
-            out.append(EndpointConfig(url=endpoint.url, name=name))
+            out.append(EndpointConfig(url=endpoint.url, name=name, labels=endpoint.labels))
     return out
 
 

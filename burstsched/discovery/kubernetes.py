@@ -20,7 +20,7 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from burstsched.config import EndpointConfig
-from burstsched.discovery.source import address_name, address_url, endpoint_key
+from burstsched.discovery.source import EndpointKey, address_name, address_url, endpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ def label_selector(service: str | None, selector: Mapping[str, str] | None) -> s
 
 def slice_endpoints(obj: Mapping[str, Any], scheme: str, port: int) -> list[EndpointConfig]:
     """The ready endpoints of one EndpointSlice (``conditions.ready`` unset counts as ready), at the slice's
-    first port (the Service's target port), else at ``port``."""
+    first port (the Service's target port), else at ``port``. A slice names its pods but carries none of
+    their labels, so these endpoints have none (discover by pod selector for label filters)."""
     out: list[EndpointConfig] = []
     ports = [p.get("port") for p in obj.get("ports") or [] if isinstance(p.get("port"), int)]
     port = ports[0] if ports else port
@@ -57,7 +58,7 @@ def slice_endpoints(obj: Mapping[str, Any], scheme: str, port: int) -> list[Endp
 
 
 def pod_endpoints(obj: Mapping[str, Any], scheme: str, port: int) -> list[EndpointConfig]:
-    """The pod as an endpoint when it is Ready, has an IP and is not being deleted."""
+    """The pod as an endpoint, with the pod's labels, when it is Ready, has an IP and is not being deleted."""
     metadata = obj.get("metadata") or {}
     status = obj.get("status") or {}
     ip = status.get("podIP")
@@ -66,7 +67,10 @@ def pod_endpoints(obj: Mapping[str, Any], scheme: str, port: int) -> list[Endpoi
     )
     if not ip or not ready or metadata.get("deletionTimestamp"):
         return []
-    return [EndpointConfig(url=address_url(scheme, ip, port), name=metadata.get("name") or address_name(ip))]
+    raw_labels = metadata.get("labels") or {}
+    labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, Mapping) else {}
+    name = metadata.get("name") or address_name(ip)
+    return [EndpointConfig(url=address_url(scheme, ip, port), name=name, labels=labels)]
 
 
 ApiFactory = Callable[[], Awaitable[client.ApiClient]]
@@ -176,7 +180,7 @@ class KubernetesDiscovery:
 
     async def endpoint_sets(self) -> AsyncGenerator[list[EndpointConfig], None]:
         api = await self._open_api()
-        last: frozenset[tuple[str, str]] | None = None
+        last: EndpointKey | None = None
         backoff = self._min_backoff_s
         version: str | None = None
         try:

@@ -37,9 +37,12 @@ def address_url(scheme: str, address: str, port: int) -> str:
     return f"{scheme}://{address}:{port}"
 
 
-def endpoint_key(endpoints: Iterable[EndpointConfig]) -> frozenset[tuple[str, str]]:
-    """What identifies a set of endpoints, to tell a change from a repeat."""
-    return frozenset((e.endpoint_name, e.url) for e in endpoints)
+EndpointKey = frozenset[tuple[str, str, frozenset[tuple[str, str]]]]
+
+
+def endpoint_key(endpoints: Iterable[EndpointConfig]) -> EndpointKey:
+    """What identifies a set of endpoints (names, URLs and labels), to tell a change from a repeat."""
+    return frozenset((e.endpoint_name, e.url, frozenset(e.labels.items())) for e in endpoints)
 
 
 class StaticDiscovery:

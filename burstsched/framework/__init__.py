@@ -3,6 +3,7 @@
 Plugins import from here only; the engine lives in :mod:`burstsched.scheduling`.
 """
 
+from burstsched.config.labels import check_label_key, check_label_value
 from burstsched.framework.plugins import (
     DispatchHook,
     EndpointEcho,
@@ -71,4 +72,6 @@ __all__ = [
     "Scorer",
     "TtftEstimate",
     "uncached_tokens",
+    "check_label_key",
+    "check_label_value",
 ]

@@ -58,6 +58,10 @@ class EndpointSnapshot:
     came to on the requests it sent there (its ``prompt_tokens`` counter over the router's count; None until
     known): with approximate hashing, about 1.9 for chat text where a pseudo-token is 4 bytes. ``ttft`` is
     its time to first token as learned from the streams the router sent there (None until fitted).
+    ``labels`` are the endpoint's labels (a pod's Kubernetes labels, or its config's ``labels``).
+    ``running_adapters`` and ``waiting_adapters`` are the LoRA adapters the replica's last scrape named
+    running and waiting (``vllm:lora_requests_info``), ``max_adapters`` how many it may hold at once (its
+    ``max_lora``; 0 when it reported none).
     """
 
     name: str
@@ -77,6 +81,10 @@ class EndpointSnapshot:
     prefill_tokens_per_s: float | None = None
     engine_tokens_per_prompt_token: float | None = None
     ttft: TtftEstimate | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    running_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
+    max_adapters: int = 0
 
     @property
     def capacity_tokens(self) -> int | None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -47,6 +48,8 @@ FAILURES_BEFORE_UNHEALTHY = CircuitSettings().failure_threshold
 class _EndpointState:
     name: str
     url: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The endpoint's labels (a read-only copy of its config's), shared by every snapshot."""
     healthy: bool = False
     metrics: ReplicaMetrics = field(default_factory=ReplicaMetrics)
     last_scrape: float = -math.inf
@@ -134,7 +137,11 @@ class EndpointPool:
         self._circuit_settings = settings
         self._states = {
             e.endpoint_name: _EndpointState(
-                e.endpoint_name, e.url, circuit=CircuitBreaker(settings, clock), since=clock()
+                e.endpoint_name,
+                e.url,
+                _labels(e),
+                circuit=CircuitBreaker(settings, clock),
+                since=clock(),
             )
             for e in endpoints
         }
@@ -182,6 +189,10 @@ class EndpointPool:
             prefill_tokens_per_s=state.prefill_rate,
             engine_tokens_per_prompt_token=state.engine_tokens_per_prompt_token,
             ttft=state.ttft.estimate(),
+            labels=state.labels,
+            running_adapters=metrics.running_adapters,
+            waiting_adapters=metrics.waiting_adapters,
+            max_adapters=metrics.max_adapters,
         )
 
     def snapshot(self, name: str) -> EndpointSnapshot:
@@ -399,12 +410,19 @@ class EndpointPool:
 
     def add(self, endpoint: EndpointConfig, *, source: str = "static") -> bool:
         """A new endpoint: checked and scraped at once, schedulable once both succeed. A draining one of
-        the same name and URL comes back as it was. Whether anything changed."""
+        the same name and URL comes back as it was; a known one with new labels takes them. Whether anything
+        changed."""
         name = endpoint.endpoint_name
         known = self._states.get(name)
         if known is not None and known.url == endpoint.url:
+            relabelled = known.labels != endpoint.labels
+            if relabelled:
+                known.labels = _labels(endpoint)
+                log.info("endpoint %s has new labels", name)
             if not known.draining:
-                return False
+                if relabelled:
+                    self._changed("relabelled")
+                return relabelled
             known.draining = False
             known.since = self._clock()
             log.info("endpoint %s is back before it drained", name)
@@ -417,6 +435,7 @@ class EndpointPool:
         state = _EndpointState(
             name,
             endpoint.url,
+            _labels(endpoint),
             circuit=CircuitBreaker(self._circuit_settings, self._clock),
             source=source,
             joining=True,
@@ -586,6 +605,11 @@ def _learn_prefill_rate(state: _EndpointState, metrics: ReplicaMetrics) -> None:
 _MIN_RATIO_PROMPT_TOKENS = 32_768
 """The router's prompt tokens sent to a replica (about a dozen document-QA prompts) before its ratio of
 engine tokens to them is trusted."""
+
+
+def _labels(endpoint: EndpointConfig) -> Mapping[str, str]:
+    """A read-only copy of ``endpoint``'s labels."""
+    return MappingProxyType(dict(endpoint.labels))
 
 
 def _learn_token_ratio(state: _EndpointState, metrics: ReplicaMetrics) -> None:

@@ -3,10 +3,15 @@
 A page holds hundreds of lines; only the wanted families' sample lines reach the Prometheus parser, and
 the ``vllm:cache_config_info`` line (long, and fixed for the replica's lifetime) is parsed again only when
 it changes.
+
+``vllm:lora_requests_info`` (a replica serving LoRA adapters) keeps one series per combination of its labels
+``running_lora_adapters``, ``waiting_lora_adapters`` (comma-separated names) and ``max_lora`` that ever
+occurred, each valued at the time it was last set: the series with the highest value is the current one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +24,7 @@ CACHE_CONFIG = "vllm:cache_config_info"
 PREFILL_TOKENS_SUM = "vllm:request_prefill_kv_computed_tokens_sum"
 PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
+LORA_INFO = "vllm:lora_requests_info"
 _LOAD_FAMILIES = (
     WAITING,
     RUNNING,
@@ -27,6 +33,7 @@ _LOAD_FAMILIES = (
     PREFILL_TOKENS_SUM,
     PREFILL_TIME_SUM,
     PROMPT_TOKENS,
+    LORA_INFO,
 )
 
 
@@ -46,6 +53,12 @@ class ReplicaMetrics:
     """Σ seconds its requests spent in prefill (scheduled to first token), since it started."""
     prompt_tokens: float | None = None
     """Σ prompt tokens of its requests (cached ones included, counted at the first token) since it started."""
+    running_adapters: frozenset[str] = frozenset()
+    """The LoRA adapters of its running requests (the current ``vllm:lora_requests_info`` series)."""
+    waiting_adapters: frozenset[str] = frozenset()
+    """The LoRA adapters of its waiting requests."""
+    max_adapters: int = 0
+    """How many adapters it may run at once (``max_lora``); 0 when it reported none (no LoRA)."""
 
 
 class MetricsFormatError(ValueError):
@@ -88,6 +101,8 @@ class MetricsParser:
         kv_usage_old: float | None = None
         block_size, num_gpu_blocks = (None, None) if parse_cache else self._geometry
         models: set[str] = set()
+        lora: dict[str, str] | None = None
+        lora_time = -math.inf
         seen_queue = False
         try:
             families = list(text_string_to_metric_families("\n".join(to_parse) + "\n"))
@@ -114,6 +129,9 @@ class MetricsParser:
                     prefill_seconds = (prefill_seconds or 0.0) + sample.value
                 elif sample.name == PROMPT_TOKENS:
                     prompt_tokens = (prompt_tokens or 0.0) + sample.value
+                elif sample.name == LORA_INFO:
+                    if sample.value > lora_time:
+                        lora, lora_time = sample.labels, sample.value
                 elif sample.name == CACHE_CONFIG:
                     block_size = _int_label(sample.labels, "block_size", block_size)
                     num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks", num_gpu_blocks)
@@ -123,6 +141,7 @@ class MetricsParser:
             self._cache_lines = cache_lines
             self._geometry = (block_size, num_gpu_blocks)
         usage = kv_usage if kv_usage is not None else kv_usage_old if kv_usage_old is not None else 0.0
+        lora = lora or {}
         return ReplicaMetrics(
             waiting=int(waiting),
             running=int(running),
@@ -133,12 +152,20 @@ class MetricsParser:
             prefill_tokens=prefill_tokens,
             prefill_seconds=prefill_seconds,
             prompt_tokens=prompt_tokens,
+            running_adapters=_adapters(lora.get("running_lora_adapters", "")),
+            waiting_adapters=_adapters(lora.get("waiting_lora_adapters", "")),
+            max_adapters=_int_label(lora, "max_lora", None) or 0,
         )
 
 
 def parse_vllm_metrics(text: str) -> ReplicaMetrics:
     """Parse one ``/metrics`` page."""
     return MetricsParser().parse(text)
+
+
+def _adapters(names: str) -> frozenset[str]:
+    """The adapter names of a comma-separated label value (blanks dropped)."""
+    return frozenset(name.strip() for name in names.split(",") if name.strip())
 
 
 def _int_label(labels: dict[str, str], key: str, current: int | None) -> int | None:

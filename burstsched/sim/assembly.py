@@ -60,6 +60,7 @@ class ReplicaParts:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_waiting_requests=cfg.max_waiting_requests,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            max_loras=cfg.max_loras if cfg.lora_modules else 0,
         )
         engine = Engine(
             limits,

@@ -32,6 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.num_gpu_blocks,
     )
     parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=[],
+        metavar="NAME[=PATH]",
+        help="LoRA adapters served besides the base model (as vLLM's; the path is ignored)",
+    )
+    parser.add_argument("--max-loras", type=int, default=d.max_loras, help="adapters that may run at once")
     parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     parser.add_argument("--max-model-len", type=int, default=None, help="default: min(16384, KV capacity)")
     parser.add_argument(
@@ -109,6 +117,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
         max_num_seqs=args.max_num_seqs,
+        lora_modules=tuple(module.partition("=")[0] for module in args.lora_modules),
+        max_loras=args.max_loras,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -28,6 +28,9 @@ class SimConfig:
     ``enable_prompt_tokens_details``: vLLM's ``--enable-prompt-tokens-details`` (usage carries
     ``prompt_tokens_details.cached_tokens``). On by default, unlike vLLM's flag: it is the real-vLLM
     launcher's default, as burstsched's tests and workloads run vLLM with ``--enable-prompt-tokens-details``.
+    ``lora_modules``: the LoRA adapters served besides the base model (vLLM's ``--lora-modules``, names only:
+    the simulator loads no weights); a request names one as its ``model``. At most ``max_loras`` adapters
+    run at once (vLLM's ``--max-loras``); ``/metrics`` then has ``vllm:lora_requests_info``.
     """
 
     name: str | None = None
@@ -50,6 +53,8 @@ class SimConfig:
     seed: int = 0
     default_output_tokens: int = 64
     enable_prompt_tokens_details: bool = True
+    lora_modules: tuple[str, ...] = ()
+    max_loras: int = 1
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
@@ -72,6 +77,10 @@ class SimConfig:
             raise ValueError("time_scale must be >= 0")
         if self.kv_events_encoding not in ("map", "array"):
             raise ValueError("kv_events_encoding must be 'map' or 'array'")
+        if self.max_loras < 1:
+            raise ValueError("max_loras must be >= 1")
+        if self.served_model_name in self.lora_modules:
+            raise ValueError("a LoRA adapter cannot have the served model's name")
         if self.default_output_tokens < 1:
             raise ValueError("default_output_tokens must be >= 1")
         if not 0 <= self.port <= 65535:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, Protocol
@@ -83,6 +83,7 @@ class EngineRequest:
     tokens: TokenSource
     finish_reason_at_max: Literal["stop", "length"] = "length"
     cache_salt: str | None = None
+    lora_name: str | None = None
     arrival_time: float = 0.0
     all_token_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
@@ -138,6 +139,11 @@ class EngineStats(Protocol):
 
     def step(self, num_tokens: int) -> None: ...
 
+    def adapters(self, running: list[str], waiting: list[str], max_loras: int) -> None:
+        """After each step of an engine serving LoRA adapters: the adapters of its running and waiting
+        requests (each once, in queue order), as vLLM's iteration stats carry them."""
+        ...
+
 
 class NullStats:
     """Stats that go nowhere."""
@@ -158,6 +164,9 @@ class NullStats:
         return None
 
     def step(self, num_tokens: int) -> None:
+        return None
+
+    def adapters(self, running: list[str], waiting: list[str], max_loras: int) -> None:
         return None
 
 
@@ -189,6 +198,8 @@ class EngineLimits:
     max_num_batched_tokens: int
     max_waiting_requests: int = 0
     enable_prefix_caching: bool = True
+    max_loras: int = 0
+    """LoRA adapters that may run at once (0: the engine serves no adapter)."""
 
 
 class Engine:
@@ -368,8 +379,15 @@ class Engine:
             i += 1
         if preempted:
             return plan
+        max_loras = self.limits.max_loras
+        loras = {r.lora_name for r in self._running if r.lora_name is not None}
+        skipped: list[EngineRequest] = []
         while self._waiting and budget > 0 and len(self._running) < self.limits.max_num_seqs:
             req = self._waiting[0]
+            lora = req.lora_name
+            if lora is not None and lora not in loras and len(loras) >= max_loras:
+                skipped.append(self._waiting.popleft())  # as vLLM: another adapter would exceed max_loras
+                continue
             hit_ids: list[int] = []
             if req.num_computed_tokens == 0:
                 hit_ids = self.cache.longest_hit(req.block_hashes, req.num_tokens - 1)
@@ -387,8 +405,11 @@ class Engine:
             req.num_computed_tokens = num_hit_tokens
             req.status = Status.RUNNING
             self._running.append(req)
+            if lora is not None:
+                loras.add(lora)
             self._add_to_plan(plan, req, num_new)
             budget -= num_new
+        self._waiting.extendleft(reversed(skipped))
         return plan
 
     def _add_to_plan(self, plan: StepPlan, req: EngineRequest, num_new: int) -> None:
@@ -470,6 +491,10 @@ class Engine:
             else:
                 req.events.put_nowait(TokenEvent(token_id, text))
         self._stats.step(tokens)
+        if self.limits.max_loras:
+            self._stats.adapters(
+                _adapter_names(self._running), _adapter_names(self._waiting), self.limits.max_loras
+            )
 
     def _cache_creation_tokens(self, req: EngineRequest) -> int:
         """vLLM's ``num_cache_creation_tokens`` at the first token: prompt tokens in the request's cached
@@ -509,3 +534,8 @@ class Engine:
             if not future.done():
                 future.set_result(False)
         self._resets.clear()
+
+
+def _adapter_names(requests: Iterable[EngineRequest]) -> list[str]:
+    """The LoRA adapters of ``requests``, each once, in order."""
+    return list(dict.fromkeys(r.lora_name for r in requests if r.lora_name is not None))

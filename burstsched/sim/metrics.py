@@ -1,13 +1,17 @@
 """A replica's ``/metrics``: vLLM's metric names, types, labels and buckets, in its own registry.
 
 Labels are ``model_name`` and ``engine`` ("0"), except ``vllm:cache_config_info`` whose labels are
-the cache settings plus ``engine`` (as in vLLM). Counters appear with ``_total`` on the wire.
+the cache settings plus ``engine``, and ``vllm:lora_requests_info`` (with LoRA adapters only) whose
+labels are ``max_lora``, ``waiting_lora_adapters`` and ``running_lora_adapters`` (as in vLLM). Counters
+appear with ``_total`` on the wire.
 Durations are wall-clock seconds as the replica lived them (already multiplied by ``time_scale``),
 so they agree with what clients measure.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -68,6 +72,7 @@ _ON_FINISHED = (
     "vllm:request_params_max_tokens",
 )
 _ON_STEP = ("vllm:iteration_tokens_total",)
+LORA_INFO = "vllm:lora_requests_info"
 """Which families each engine callback changes: a scrape re-renders only those (rendering every family
 costs ~2-3 ms, and a replay on virtual time scrapes tens of thousands of times)."""
 
@@ -199,6 +204,17 @@ class SimMetrics:
         family(Gauge("vllm:cache_config_info", info_doc, list(cache_info), registry=reg)).labels(
             **cache_info
         ).set(1)
+        self.lora_info: Gauge | None = None
+        self._lora_time = 0.0
+        if config.lora_modules:  # as vLLM: only with LoRA on, and without the model and engine labels
+            self.lora_info = family(
+                Gauge(
+                    LORA_INFO,
+                    "Running stats on lora requests.",
+                    ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                    registry=reg,
+                )
+            )
         self._dirty: set[str] = set(self._families)
 
     def render(self, *, num_running: int, num_waiting: int, kv_cache_usage: float) -> bytes:
@@ -260,3 +276,17 @@ class SimMetrics:
         if num_tokens:
             self._changed(_ON_STEP)
             self.iteration_tokens.observe(num_tokens)
+
+    def adapters(self, running: list[str], waiting: list[str], max_loras: int) -> None:
+        """vLLM's ``vllm:lora_requests_info``: the series of these labels set to the current (wall-clock)
+        time; the series of earlier combinations stay, each at the time it was last set. Steps closer than
+        the clock's resolution still order: the time never repeats, so the latest series is the highest."""
+        if self.lora_info is None:
+            return
+        self._changed((LORA_INFO,))
+        self._lora_time = max(time.time(), math.nextafter(self._lora_time, math.inf))
+        self.lora_info.labels(
+            max_lora=str(max_loras),
+            waiting_lora_adapters=",".join(waiting),
+            running_lora_adapters=",".join(running),
+        ).set(self._lora_time)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -167,10 +167,14 @@ class TokenizeRequest:
     chat_template_kwargs: Json
 
 
-def check_model(model: str | None, served: str) -> None:
-    """404 unless ``model`` is absent (or empty) or the served model name."""
+def check_model(model: str | None, served: str, adapters: Sequence[str] = ()) -> str | None:
+    """404 unless ``model`` is absent (or empty), the served model name or a LoRA adapter's; the adapter
+    named, else None."""
+    if model and model in adapters:
+        return model
     if model and model != served:
         raise RequestError(404, f"The model `{model}` does not exist. Valid aliases: {served}.", "model")
+    return None
 
 
 def _sampling(body: Mapping[str, Any], *, max_tokens_names: tuple[str, ...]) -> Sampling:

@@ -215,6 +215,8 @@ class _Prepared:
     prompt_ids: list[int]
     sampling: Sampling
     cache_salt: str | None
+    lora: str | None = None
+    """The LoRA adapter the request named as its model (None: the base model)."""
 
 
 class _Handlers:
@@ -287,7 +289,7 @@ class _Handlers:
         max_len = self.s.config.effective_max_model_len
         if kind == "chat":
             chat = parse_chat(body)
-            check_model(chat.model, self.s.config.served_model_name)
+            lora = check_model(chat.model, self.s.config.served_model_name, self.s.config.lora_modules)
             text = self.s.template.render(
                 chat.messages,
                 add_generation_prompt=chat.add_generation_prompt,
@@ -299,7 +301,7 @@ class _Handlers:
             sampling, salt = chat.sampling, chat.cache_salt
         else:
             comp = parse_completion(body)
-            check_model(comp.model, self.s.config.served_model_name)
+            lora = check_model(comp.model, self.s.config.served_model_name, self.s.config.lora_modules)
             if isinstance(comp.prompt, str):
                 ids = self.s.tokenizer.encode(comp.prompt, add_special_tokens=comp.add_special_tokens)
             else:
@@ -310,7 +312,7 @@ class _Handlers:
         max_tokens = check_length(len(ids), sampling.max_tokens, max_len)
         if max_tokens != sampling.max_tokens:
             sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
-        return _Prepared(kind, ids, sampling, salt)
+        return _Prepared(kind, ids, sampling, salt, lora)
 
     def _engine_request(self, p: _Prepared, arrival: float) -> EngineRequest:
         room = self.s.config.effective_max_model_len - len(p.prompt_ids)
@@ -333,6 +335,7 @@ class _Handlers:
             tokens=SeededTokens(self.s.vocab, seed),
             finish_reason_at_max="length" if at_max == "length" else "stop",
             cache_salt=p.cache_salt,
+            lora_name=p.lora,
             arrival_time=arrival,
         )
 
@@ -349,7 +352,7 @@ class _Handlers:
 
     async def _stream(self, req: EngineRequest, p: _Prepared, rid: str) -> AsyncIterator[bytes]:
         created = int(time.time())
-        model = self.s.config.served_model_name
+        model = p.lora or self.s.config.served_model_name
         obj = "chat.completion.chunk" if p.kind == "chat" else "text_completion"
         continuous = p.sampling.include_usage and p.sampling.continuous_usage_stats
         try:
@@ -432,7 +435,7 @@ class _Handlers:
             return error_response(503, "the replica stopped while generating", headers=headers)
         text = "".join(e.text for e in events)
         created = int(time.time())
-        model = self.s.config.served_model_name
+        model = p.lora or self.s.config.served_model_name
         reason = last.finish_reason or "stop"
         build = chat_response if p.kind == "chat" else completion_response
         body = build(rid, created, model, text, reason, self._usage(req, p.kind, "response"))
@@ -444,7 +447,7 @@ class _Handlers:
 
     async def _tokenize(self, request: Request) -> Response:
         tok = parse_tokenize(await _json_body(request))
-        check_model(tok.model, self.s.config.served_model_name)
+        check_model(tok.model, self.s.config.served_model_name, self.s.config.lora_modules)
         if tok.messages is not None:
             text = self.s.template.render(
                 tok.messages,
@@ -485,7 +488,11 @@ class _Handlers:
                 }
             ],
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        adapters = [
+            {**card, "id": adapter, "root": adapter, "parent": name, "permission": card["permission"]}
+            for adapter in self.s.config.lora_modules
+        ]
+        return JSONResponse({"object": "list", "data": [card, *adapters]})
 
     async def health(self, request: Request) -> Response:
         if self.s.engine.closed:
