@@ -26,6 +26,15 @@ class HeadroomConfig(BaseModel):
         "its metrics): long enough to keep its engine busy, short enough that the order of what waits is "
         "the router's to choose. One request always goes when the endpoint has any room.",
     )
+    ride_along_tokens: int = Field(
+        default=256,
+        ge=0,
+        description="A request with at most this many prompt tokens to compute on its endpoint (warm: the "
+        "rest is cached there) goes at once even when the endpoint has no room, unless KV usage, the "
+        "waiting queue or the in-flight cap close it: vLLM computes so small a prefill in the engine steps "
+        "of the prefill ahead of it, so waiting in the router would only add to its time to first token. "
+        "0: every request waits for room.",
+    )
     max_prefill_requests: int = Field(
         default=2,
         ge=1,

@@ -27,6 +27,8 @@ class Room:
     open: bool
     capacity: float = 0.0
     """Its whole room in the unit it is counted in (``tokens``, else requests before their first token)."""
+    blocked: bool = False
+    """Closed whatever the prefill: unhealthy, KV usage, the replica's waiting queue or the in-flight cap."""
 
     def take(self, tokens: int) -> None:
         """A request with ``tokens`` to compute there was released to this endpoint."""
@@ -68,6 +70,10 @@ def room_of(endpoint: EndpointSnapshot, config: HeadroomConfig, reserved: Reserv
         per_token = endpoint.engine_tokens_per_prompt_token or 1.0
         budget = speed * config.max_prefill_ms / 1000.0 / per_token
         left = budget - endpoint.queued_prefill_tokens - held.tokens
-        return Room(endpoint.name, left, count_left, not closed and left > 0 and count_left > 0, budget)
+        is_open = not closed and left > 0 and count_left > 0
+        return Room(endpoint.name, left, count_left, is_open, budget, closed or count_left <= 0)
     requests = min(count_left, config.max_prefill_requests - endpoint.prefilling - held.requests)
-    return Room(endpoint.name, None, requests, not closed and requests > 0, config.max_prefill_requests)
+    blocked = closed or count_left <= 0
+    return Room(
+        endpoint.name, None, requests, not closed and requests > 0, config.max_prefill_requests, blocked
+    )

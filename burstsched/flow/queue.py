@@ -212,7 +212,10 @@ class FlowQueue:
         :class:`Disconnected` (``receive``: the client's ASGI receive, watched for its disconnect)."""
         now = self._clock.now()
         decision = admitted.decision
-        if not self._models.get(request.model) and self._room_now(request.model, decision.ranked[0].name):
+        room = self._room_now(request.model, decision.ranked[0].name)
+        if room is not None and (
+            (room.open and not self._models.get(request.model)) or self._rides_along(request, decision, room)
+        ):
             return Released(decision, admitted.role, admitted.shared_blocks, 0.0, queued=False)
         config = self._config
         if identity.sheddable:
@@ -354,12 +357,21 @@ class FlowQueue:
             if reserved.requests <= 0:
                 del self._reserved[endpoint]
 
-    def _room_now(self, model: str, name: str) -> bool:
-        """Whether endpoint ``name`` has room now (its current snapshot, this queue's reservations)."""
+    def _room_now(self, model: str, name: str) -> Room | None:
+        """Endpoint ``name``'s room now (its current snapshot, this queue's reservations); None: gone."""
         for endpoint in self._snapshots(model):
             if endpoint.name == name:
-                return self._room(endpoint).open
-        return False
+                return self._room(endpoint)
+        return None
+
+    def _rides_along(self, request: SchedRequest, decision: Decision, room: Room) -> bool:
+        """A request with at most ``ride_along_tokens`` of its prompt to compute on its endpoint goes at
+        once, room or not (unless the endpoint is blocked): vLLM schedules so small a prefill with the
+        chunks of the one ahead, so holding it here would only add to its wait."""
+        limit = self._config.headroom.ride_along_tokens
+        if limit <= 0 or room.blocked:
+            return False
+        return uncached_tokens(request, decision.matches.get(room.name)) <= limit
 
     def _room(self, endpoint: EndpointSnapshot) -> Room:
         return room_of(endpoint, self._config.headroom, self._reserved.get(endpoint.name))

@@ -68,7 +68,11 @@ def scheduler() -> Scheduler:
 
 
 def flow_config(**overrides: object) -> FlowControlConfig:
-    base = {"enabled": True, "headroom": HeadroomConfig(max_prefill_requests=2), "max_reorder_ms": 1000.0}
+    base = {  # ride_along_tokens 0: these tests hold warm requests too (the rule has its own test)
+        "enabled": True,
+        "headroom": HeadroomConfig(max_prefill_requests=2, ride_along_tokens=0),
+        "max_reorder_ms": 1000.0,
+    }
     return FlowControlConfig(**{**base, **overrides})  # type: ignore[arg-type]
 
 
@@ -259,7 +263,9 @@ async def test_higher_priority_goes_first() -> None:
 async def test_round_robin_fairness_between_flows() -> None:
     """A noisy flow queued six documents before a quiet flow's one: with room for one request at a time,
     the quiet flow's goes second, not seventh."""
-    h = Harness(flow_config(headroom=HeadroomConfig(max_prefill_requests=1)), names=("e1",))
+    h = Harness(
+        flow_config(headroom=HeadroomConfig(max_prefill_requests=1, ride_along_tokens=0)), names=("e1",)
+    )
     h.pool.full("e1")
     order: list[str] = []
 
@@ -282,7 +288,8 @@ async def test_round_robin_fairness_between_flows() -> None:
 
 async def test_strict_fairness_keeps_arrival_order() -> None:
     h = Harness(
-        flow_config(fairness="strict", headroom=HeadroomConfig(max_prefill_requests=1)), names=("e1",)
+        flow_config(fairness="strict", headroom=HeadroomConfig(max_prefill_requests=1, ride_along_tokens=0)),
+        names=("e1",),
     )
     h.pool.full("e1")
     order: list[str] = []
@@ -399,7 +406,7 @@ async def test_describe_names_bands_flows_and_waits() -> None:
 async def test_a_warm_group_moves_when_its_endpoints_queue_costs_more_than_its_prefill_elsewhere() -> None:
     """Document 2 is cached on e1, but e1 has 10 000 prompt tokens queued (its prefill speed is known);
     e2 has room and nothing queued: computing the document on e2 is sooner than waiting, so it moves."""
-    config = flow_config(headroom=HeadroomConfig(max_prefill_ms=100.0))
+    config = flow_config(headroom=HeadroomConfig(max_prefill_ms=100.0, ride_along_tokens=0))
     h = Harness(config)
     h.sched.on_dispatch(doc("earlier", 2), h.pool.endpoints["e1"])
     h.pool.set("e1", prefill_tokens_per_s=1000.0, queued_prefill_tokens=10_000)
@@ -415,3 +422,27 @@ async def test_a_warm_group_moves_when_its_endpoints_queue_costs_more_than_its_p
 
     await run(h, steps)
     assert h.endpoint("warm") == "e2"
+
+
+async def test_a_warm_request_rides_along_without_room_a_cold_one_waits() -> None:
+    """ride_along_tokens: document 2 is cached on e1 (one block of its prompt left to compute), e1 has no
+    room: the warm request goes at once, as vLLM computes it in the engine steps of the prefill ahead; a
+    cold one waits. An endpoint blocked by its KV usage takes neither."""
+    h = Harness(flow_config(headroom=HeadroomConfig(max_prefill_requests=2, ride_along_tokens=64)))
+    h.sched.on_dispatch(doc("earlier", 2), h.pool.endpoints["e1"])
+    h.pool.full("e1", "e2")
+
+    async def steps(tg: anyio.abc.TaskGroup) -> None:
+        h.submit(tg, doc("warm", 2))
+        h.submit(tg, doc("cold", 9))
+        await settle()
+        assert set(h.results) == {"warm"} and h.released("warm").queued is False
+        h.pool.set("e1", kv_usage=0.99)
+        h.submit(tg, doc("warm-blocked", 2, question=1))
+        await settle()
+        assert "warm-blocked" not in h.results
+        h.pool.set("e1", kv_usage=0.0)
+        h.pool.room("e1", "e2")
+
+    await run(h, steps)
+    assert h.endpoint("warm") == "e1"
