@@ -33,8 +33,9 @@ def test_flow_control_replays_on_virtual_time_holding_requests_and_losing_none()
         kv_blocks=cache.num_gpu_blocks,
         block_size=cache.block_size,
     )
+    queue = {"enabled": True, "headroom": {"ride_along_tokens": 0}}  # warm requests wait for room too
     config = RouterConfig.model_validate(
-        {**yaml.safe_load((REPO / "config" / "default.yaml").read_text()), "flow_control": {"enabled": True}}
+        {**yaml.safe_load((REPO / "config" / "default.yaml").read_text()), "flow_control": queue}
     )
     prompts = rebuild_prompts(requests)
     first = run_config("flow", config, requests, prompts, options)
