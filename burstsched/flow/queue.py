@@ -89,9 +89,14 @@ class FlowMetrics(Protocol):
 
 
 class RoomSource(Protocol):
-    """Who tells the queue when endpoints may have more room (the endpoint pool)."""
+    """Who tells the queue when endpoints may have more room, and what one endpoint looks like now (the
+    endpoint pool)."""
 
     def on_room(self, listener: Callable[[], None]) -> Callable[[], None]: ...
+
+    def member(self, name: str) -> EndpointSnapshot | None:
+        """Endpoint ``name`` now; None when it is no longer in the pool."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +363,13 @@ class FlowQueue:
                 del self._reserved[endpoint]
 
     def _room_now(self, model: str, name: str) -> Room | None:
-        """Endpoint ``name``'s room now (its current snapshot, this queue's reservations); None: gone."""
+        """Endpoint ``name``'s room now (its current snapshot, this queue's reservations); None: gone.
+
+        Every request that reaches the queue asks this once, so with a room source it reads that one
+        endpoint, not the whole pool (the decision already chose it among endpoints serving ``model``)."""
+        if self._room_source is not None:
+            endpoint = self._room_source.member(name)
+            return None if endpoint is None else self._room(endpoint)
         for endpoint in self._snapshots(model):
             if endpoint.name == name:
                 return self._room(endpoint)

@@ -198,6 +198,11 @@ class EndpointPool:
     def snapshot(self, name: str) -> EndpointSnapshot:
         return self._snapshot(self._state(name), self._clock())
 
+    def member(self, name: str) -> EndpointSnapshot | None:
+        """Member ``name`` now; None when it is not a member (never added, or removed and retired)."""
+        state = self._states.get(name)
+        return None if state is None else self._snapshot(state, self._clock())
+
     def prefill_demands(self) -> dict[str, float]:
         """Each endpoint's prefill demand now: prompt tokens per second the router has recently sent it to
         compute. Read for ``/metrics`` only, so it stays out of the snapshots every decision builds."""

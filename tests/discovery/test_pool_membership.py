@@ -88,6 +88,10 @@ async def test_removed_endpoint_drains_its_in_flight_requests_then_goes() -> Non
         assert removed == ["a"]
         assert [s.name for s in pool.statuses()] == ["b"]
         assert "a" not in pool.names
+        assert pool.member("a") is None  # retired: the flow queue's fast path treats it as gone
+        assert pool.snapshot("a").name == "a"  # late accounting still finds it
+        member_b = pool.member("b")
+        assert member_b is not None and member_b.healthy
         pool.end_attempt("a", pool.circuit_state("a"))  # late calls for the gone endpoint still land
         tg.cancel_scope.cancel()
     assert changes == ["added", "added", "removed", "drained"]
