@@ -129,6 +129,16 @@ class _Item:
 
 
 @dataclass(slots=True)
+class _Outcome:
+    """One outcome's tally since start: how many, the longest any waited, the most one overtook (the
+    histogram's buckets say neither exactly; ``GET /admin/queue`` shows them)."""
+
+    requests: int = 0
+    longest_wait_s: float = 0.0
+    most_overtaken: int = 0
+
+
+@dataclass(slots=True)
 class _Band:
     requests: int = 0
     bytes: int = 0
@@ -175,6 +185,8 @@ class FlowQueue:
         self._unsubscribe: Callable[[], None] | None = None
         self._service = AttainedService(config.program_aware) if config.fairness == "program-aware" else None
         self._ceilings = Ceilings(config.ceilings) if config.ceilings is not None else None
+        self._outcomes: dict[str, _Outcome] = {}
+        """Requests that left the queue (or were refused at its door) since start, by outcome."""
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -326,6 +338,10 @@ class FlowQueue:
             self._metrics.flow_depth(item.identity.priority, flow, -1)
 
     def _record(self, priority: int, outcome: str, waited_s: float, overtook: int = 0) -> None:
+        tally = self._outcomes.setdefault(outcome, _Outcome())
+        tally.requests += 1
+        tally.longest_wait_s = max(tally.longest_wait_s, waited_s)
+        tally.most_overtaken = max(tally.most_overtaken, overtook)
         if self._metrics is not None:
             self._metrics.flow_done(priority, outcome, waited_s, overtook)
 
@@ -409,6 +425,14 @@ class FlowQueue:
             "bytes": self._bytes,
             "bands": bands,
             "reserved": {name: r.requests for name, r in sorted(self._reserved.items())},
+            "since_start": {
+                outcome: {
+                    "requests": tally.requests,
+                    "longest_wait_s": round(tally.longest_wait_s, 3),
+                    "most_overtaken": tally.most_overtaken,
+                }
+                for outcome, tally in sorted(self._outcomes.items())
+            },
         }
 
     # --- the release loop -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@ the report page around them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -145,6 +146,33 @@ def class_notes(slo_ms: float) -> str:
     )
 
 
+QUEUE_COLUMNS = ("target", "rate r/s", "queue outcome", "requests", "longest wait ms", "most overtaken")
+QUEUE_NOTES = (
+    "flow queue: what burstsched's flow-control queue did over each run, from the router's "
+    "`GET /admin/queue` (`since_start`): per outcome (released, shed, expired, full, cancelled, ...) the "
+    "requests, the longest any waited in the queue and the most queued-before requests one was released "
+    "ahead of; requests that went straight through are not counted."
+)
+
+
+def queue_table(summaries: Sequence[RunSummary]) -> str:
+    """One row per run and flow-queue outcome, for the runs whose router had the queue on."""
+    rows = [
+        (
+            run.row_label,
+            _num(run.rate, 2),
+            outcome,
+            str(tally.get("requests", "")),
+            _num(1000.0 * float(tally.get("longest_wait_s", math.nan))),
+            str(tally.get("most_overtaken", "")),
+        )
+        for run in summaries
+        if run.flow_queue
+        for outcome, tally in sorted(run.flow_queue.items())
+    ]
+    return aligned_table(QUEUE_COLUMNS, rows)
+
+
 def report_markdown(
     title: str,
     command: str,
@@ -163,4 +191,7 @@ def report_markdown(
     if classes:
         table += "\n\n" + class_table(classes)
         notes += "\n\n" + class_notes(slo_ms)
+    if any(run.flow_queue for run in summaries):
+        table += "\n\n" + queue_table(summaries)
+        notes += "\n\n" + QUEUE_NOTES
     return report_page(title, command, setup, table, notes, skipped, plots)

@@ -209,9 +209,11 @@ async def run_target(
         )
 
     watch = ReplicaWatch(received)
-    records, deltas, router_cpu_s = await measured_run(client, target, endpoints, model, run)
+    records, deltas, router_cpu_s, queue = await measured_run(client, target, endpoints, model, run)
     watch.name(records, tag, [name for name, _ in endpoints])
     summary = with_router_cpu(
         summarize(target.label, rate, records, deltas, corpus, block_size, partition), router_cpu_s
     )
+    if queue is not None:
+        summary = replace(summary, flow_queue=queue)
     return TargetRun(summary, records, deltas)

@@ -245,11 +245,11 @@ async def measured_run(
     endpoints: Endpoints,
     model: str,
     run: Callable[[Route], Awaitable[list[R]]],
-) -> tuple[list[R], dict[str, ReplicaCounters], float | None]:
+) -> tuple[list[R], dict[str, ReplicaCounters], float | None, dict[str, Any] | None]:
     """Reset the replicas' prefix caches, open the target, ``run`` the sequence through it between two
-    counter snapshots, close it. Returns the records, each replica's counter deltas and the CPU seconds
+    counter snapshots, close it. Returns the records, each replica's counter deltas, the CPU seconds
     the target's routers spent meanwhile (:mod:`burstsched.workloads.router_cpu`; None for client-side
-    routing)."""
+    routing) and a burstsched router's flow-queue tally (:func:`flow_queue_tally`)."""
     await reset_prefix_caches(client, [url for _, url in endpoints], model=model)
     async with target.open(endpoints) as route:
         routers = await anyio.to_thread.run_sync(router_pids, route)
@@ -259,5 +259,19 @@ async def measured_run(
         finished = sum(r.ok for r in records)
         after = await settled_snapshot(client, endpoints, before, finished)
         cpu_after = None if routers is None else await anyio.to_thread.run_sync(routers_cpu_seconds, routers)
+        queue = None if routers is None else await flow_queue_tally(client, route(0).base_url)
     spent = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-    return records, {name: after[name] - before[name] for name in after}, spent
+    return records, {name: after[name] - before[name] for name in after}, spent, queue
+
+
+async def flow_queue_tally(client: httpx.AsyncClient, base_url: str) -> dict[str, Any] | None:
+    """A burstsched router's flow-control queue since it started, by outcome (requests, longest wait,
+    most overtaken: ``GET /admin/queue``'s ``since_start``); None for another router or the queue off."""
+    try:
+        response = await client.get(f"{base_url}/admin/queue", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    tally = response.json().get("since_start")
+    return tally if isinstance(tally, dict) else None

@@ -70,6 +70,9 @@ class RunSummary:
     router_cpu_ms: float = math.nan
     """CPU the target's routers spent per completed request over the run (user + system, from ``/proc``,
     their idle work included); nan for client-side routing."""
+    flow_queue: Mapping[str, Any] | None = None
+    """A burstsched router's flow-control queue over the run, by outcome (``GET /admin/queue``'s
+    ``since_start``: requests, longest wait, most overtaken); None: another router, or the queue off."""
     repeat: int = 1
     """Which pass over the targets at this rate the run was (workloads' ``--repeats``), from 1."""
 

@@ -136,9 +136,11 @@ async def run_target(
         )
 
     watch = ReplicaWatch(received)
-    records, deltas, router_cpu_s = await measured_run(client, target, endpoints, model, run)
+    records, deltas, router_cpu_s, queue = await measured_run(client, target, endpoints, model, run)
     watch.name(records, tag, [name for name, _ in endpoints])
     summary = with_router_cpu(
         summarize(target.label, rate, records, deltas, prompt_tokens, block_size), router_cpu_s
     )
+    if queue is not None:
+        summary = replace(summary, flow_queue=queue)
     return TargetRun(summary, records, deltas)

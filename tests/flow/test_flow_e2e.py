@@ -71,6 +71,11 @@ async def test_priorities_shedding_and_nothing_lost(sim_pool: SimPool) -> None:
                 for i in range(3):
                     tg.start_soon(send, f"high-{i}", 100 + i, "urgent")
         metrics = (await client.get("/metrics")).text
+        since_start = (await client.get("/admin/queue")).json()["since_start"]
+    assert since_start["shed"]["requests"] == 1 and since_start["shed"]["longest_wait_s"] == 0.0
+    assert since_start["released"]["requests"] >= 3 + views[0]["requests"]  # the urgent ones, and the held
+    assert since_start["released"]["most_overtaken"] >= 2
+    assert since_start["released"]["longest_wait_s"] > 0
     assert statuses.pop("shed-0") == 429
     assert set(statuses.values()) == {200} and len(statuses) == 9  # nothing lost
     held = views[0]["requests"]

@@ -398,9 +398,16 @@ async def test_describe_names_bands_flows_and_waits() -> None:
         bands = view["bands"]
         assert isinstance(bands, dict) and list(bands) == ["2", "0"]
         assert bands["2"]["flows"] == {"tenant-a": 1} and bands["2"]["oldest_wait_s"] == 0.25
+        assert view["since_start"] == {}
+        h.clock.advance(0.5)
         h.pool.room("e1", "e2")
+        h.queue.release_pass()
+        await settle()
 
     await run(h, steps)
+    tally = h.queue.describe()["since_start"]
+    assert isinstance(tally, dict)
+    assert tally["released"]["requests"] == 2 and tally["released"]["longest_wait_s"] == 0.75
 
 
 async def test_a_warm_group_moves_when_its_endpoints_queue_costs_more_than_its_prefill_elsewhere() -> None:

@@ -242,6 +242,14 @@ def test_summary_per_class_counts_outcomes_and_goodput() -> None:
     page = report_markdown("t", "cmd", {}, [run], {}, [], classes=[(run, c) for c in rows], slo_ms=1500)
     assert table in page and "TTFT ≤ 1500 ms" in page
     assert "429 with Retry-After" not in report_markdown("t", "cmd", {}, [run], {}, [])
+    # the flow queue's tally, when the router had one
+    assert "queue outcome" not in page
+    queued = replace(
+        run, flow_queue={"released": {"requests": 4, "longest_wait_s": 1.2345, "most_overtaken": 3}}
+    )
+    page = report_markdown("t", "cmd", {}, [queued], {}, [])
+    row = next(line for line in page.splitlines() if "| released" in line)
+    assert [c.strip() for c in row.split("|")[1:-1]] == ["burstsched:x", "5.00", "released", "4", "1234", "3"]
     # the records' JSON names their class
     assert records[4].as_json()["request_class"] == "batch"
     assert "request_class" not in RequestRecord(0, 0.0, document=0).as_json()
