@@ -1,54 +1,61 @@
-"""One request's decision, as ``serve`` makes it: parse, admission (the burst window), scheduling.
+"""One request's decision, as ``serve`` makes it: the shared :func:`burstsched.front.decide.decide`.
 
-The picker uses the router's own parts (config, pool, admission, scheduler, metrics, tokenizer,
-prewarmer), built by the same assembly as ``serve``. It answers a :class:`Pick` (the endpoints, best
-first) or a :class:`Refusal` (an HTTP status and an OpenAI error, sent as an immediate response).
-A client-sent ``x-gateway-destination-endpoint`` is never read: the picker decides from the body alone.
+The picker uses the router's own parts (config, pool, admission, flow queue, scheduler, metrics, tokenizer,
+prewarmer), built by the same assembly as ``serve``, and the same decision: validation, the plugins' request
+headers (e.g. llm-d's session affinity), the probabilistic admitter, admission (the burst window), the
+flow-control queue. It answers a :class:`Pick` (the endpoints, best first) or a :class:`Refusal` (an HTTP
+status and an OpenAI error, sent as an immediate response). What is its own: the gateway's subset (the
+candidates, and the ranking it names, keep only the subset's endpoints), and the cap on the wait below. A
+client-sent ``x-gateway-destination-endpoint`` is never read: the picker decides from the body alone.
 
-The gateway waits for the decision at most its ext_proc ``message_timeout`` (Envoy's default: 200 ms), and
-a request it stops waiting for fails (500, or proxied undecided when the filter fails open). So the wait in
-admission (the burst window, and a queue that holds requests while the pool is saturated) is capped at
-``max_wait_s``, to be set below the gateway's ``message_timeout``: a request still waiting then leaves
-admission and is scheduled alone on the pool as it is (as a request that bypasses the window is). It loses
-its burst mates' co-location, never its answer.
+The gateway's wait. Envoy times each ext_proc message it waits an answer for with the filter's
+``message_timeout`` (default 200 ms) and fails a request whose answer is late (504, or proxied undecided
+when the filter fails open): with a ``BUFFERED`` request body the picker's answer to the body message is
+timed so. In ``FULL_DUPLEX_STREAMED`` Envoy starts no message timer (its ext_proc ``ProcessorState`` skips it
+in that mode), so there the gateway waits, bounded only by its route and stream timeouts. Either way a
+request must not wait long in the picker, so its whole wait, in admission (the burst window, the queue that
+holds requests while the pool is saturated) and in the flow-control queue together, is capped at
+``max_wait_s`` (``--max-wait``), to be set below ``message_timeout``: a request still waiting then leaves
+and is scheduled alone on the pool as it is (as a request that bypasses the window is). It loses its burst
+mates' co-location, or its place in the flow queue, never its answer.
+
+Flow control (``flow_control:``) in this mode. A request the queue would hold waits there at most the cap;
+the queue's ``ttl_ms`` refuses it earlier only when it is below ``--max-wait``. So with the default cap
+(150 ms) flow control mostly sheds (sheddable requests get 429 and ``Retry-After`` at once) and orders what
+arrives within the cap; a request held past it goes out, scheduled alone, to an endpoint that may have no
+room. Operators who enable flow control in epp mode and want requests really held must raise the gateway's
+``message_timeout`` and ``--max-wait`` together (``--max-wait`` below ``message_timeout``, ``ttl_ms`` at or
+below ``--max-wait`` for the queue's own refusal to be what a too-long wait gets).
+
+Why the picker does not ask Envoy for more time: ext_proc's ``ProcessingResponse.override_message_timeout``
+restarts the message timer that is running, at most once per processing state, up to the filter's
+``max_message_timeout`` (0 by default, which disables it). In ``FULL_DUPLEX_STREAMED``, the mode the picker is
+deployed in, no timer runs, so Envoy ignores it (counted in ``override_message_timeout_ignored``); in
+``BUFFERED`` it would lengthen the body message's wait once, up to a bound the operator sets in the filter
+config anyway, so raising ``message_timeout`` and ``--max-wait`` is the same knob with one part fewer.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import time
 from dataclasses import dataclass
+from functools import partial
 
-import anyio
-
-from burstsched.admission import AdmissionClosed, AdmissionQueueFull, Admitted, NoEndpointAvailable, Role
 from burstsched.epp.wire import endpoint_address
+from burstsched.flow import Identity
 from burstsched.framework import ApiKind, EndpointSnapshot, SchedRequest, uncached_tokens
 from burstsched.front.app import Router
-from burstsched.front.request import ParsedRequest, RequestError, parse_request
-from burstsched.scheduling import NoEndpointsError
-from burstsched.tokenization import TokenizationError
+from burstsched.front.decide import Refusal, decide
 
 log = logging.getLogger(__name__)
 
 _APIS = {"/v1/chat/completions": ApiKind.CHAT, "/v1/completions": ApiKind.COMPLETIONS}
 DEFAULT_MAX_WAIT_S = 0.15
-"""The default cap on a request's wait in admission: under Envoy's default ``message_timeout`` (200 ms)."""
+"""The default cap on a request's wait (admission and the flow queue): under Envoy's default
+``message_timeout`` (200 ms)."""
 
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """The request is answered by the gateway at once with this status and OpenAI error."""
-
-    status: int
-    message: str
-    outcome: str
-    """The router's outcome label for its metrics (``rejected``, ``unavailable``, ``throttled``)."""
-    headers: tuple[tuple[str, str], ...] = ()
-    param: str | None = None
-    code: str | None = None
+__all__ = ["DEFAULT_MAX_WAIT_S", "Pick", "Picker", "Refusal", "api_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,8 @@ class Pick:
     stream: bool = False
     queued_prefill: int = 0
     """Prompt tokens the endpoint must compute before its first token (the pool's prefill ledger)."""
+    identity: Identity | None = None
+    """Who the request is for flow control (its flow is credited the tokens it used); None: no prompt."""
 
     @property
     def endpoint(self) -> EndpointSnapshot:
@@ -78,7 +87,8 @@ def api_of(path: str) -> ApiKind | None:
 
 class Picker:
     """Decides for the router's pool; ``fallbacks``: how many next-best endpoints follow the pick;
-    ``max_wait_s``: the longest a request waits in admission before it is scheduled alone."""
+    ``max_wait_s``: the longest a request waits (admission and the flow queue) before it is scheduled
+    alone."""
 
     def __init__(
         self,
@@ -93,77 +103,45 @@ class Picker:
         self._rng = rng if rng is not None else random.Random()
         self._max_wait_s = max_wait_s
         self.capped = 0
-        """Requests whose admission wait reached ``max_wait_s`` (scheduled alone)."""
+        """Requests whose wait reached ``max_wait_s`` (scheduled alone)."""
 
     async def pick(
         self, path: str, headers: dict[str, str], body: bytes | None, subset: frozenset[str] | None
     ) -> Pick | Refusal:
+        """Where the request goes; ``headers``: the request's (names lower-case, as Envoy sends them);
+        ``subset``: the gateway's candidate addresses (None: the whole pool)."""
         api = api_of(path)
         if api is None or not body:
             return self._any(subset)
         router = self._router
         if len(body) > router.config.limits.max_body_bytes:
             return Refusal(413, "request body too large", "rejected")
-        try:
-            parsed = parse_request(api, body)
-            if router.pool.healthy_count() == 0:
-                return Refusal(503, "no healthy endpoint", "unavailable")
-            model = self._model(parsed.model)
-        except RequestError as exc:
-            return Refusal(exc.status, exc.message, "rejected", param=exc.param, code=exc.code)
-        request_id = headers.get("x-request-id") or os.urandom(16).hex()
-        request = parsed.to_sched_request(
-            request_id, model, router.config.prefix_hashing, await self._token_ids(api, parsed)
+        allowed = None if subset is None else partial(_allowed, subset=subset)
+        outcome = await decide(
+            router,
+            api,
+            body,
+            _raw(headers),
+            headers.get("x-request-id"),
+            allowed=allowed,
+            max_wait_s=self._max_wait_s,
         )
-        candidates = [e for e in router.pool.snapshots(model) if _allowed(e, subset)]
-        if not any(e.healthy for e in candidates):
-            return Refusal(503, f"no healthy endpoint serves model {model!r}", "unavailable")
-        started = time.monotonic()
-        admitted: Admitted | None = None
-        try:
-            with anyio.move_on_after(self._max_wait_s):
-                admitted = await router.admission.admit(request, candidates)
-            if admitted is None:
-                admitted = self._alone(request, subset, time.monotonic() - started)
-        except AdmissionQueueFull as exc:
-            return Refusal(429, str(exc), "throttled", headers=(("retry-after", str(exc.retry_after_s)),))
-        except (NoEndpointAvailable, AdmissionClosed, NoEndpointsError) as exc:
-            return Refusal(503, str(exc), "unavailable")
-        return self._admitted(api, parsed, request, admitted, subset)
-
-    def _alone(self, request: SchedRequest, subset: frozenset[str] | None, waited_s: float) -> Admitted:
-        """A request whose wait in admission reached the cap: scheduled alone on the pool as it is now."""
-        self.capped += 1
-        log.info("request %s waited %.3f s in admission: scheduled alone", request.request_id, waited_s)
-        candidates = [e for e in self._router.pool.snapshots(request.model) if _allowed(e, subset)]
-        started = time.monotonic()
-        decision = self._router.scheduler.schedule(request, candidates)
-        return Admitted(decision, None, None, Role.BYPASS, 1, 0, waited_s, time.monotonic() - started)
-
-    def _admitted(
-        self,
-        api: ApiKind,
-        parsed: ParsedRequest,
-        request: SchedRequest,
-        admitted: Admitted,
-        subset: frozenset[str] | None,
-    ) -> Pick | Refusal:
-        router = self._router
-        decision = admitted.decision
-        # A windowed request was placed on the whole pool: the gateway's subset still binds.
-        ranked = [s.endpoint for s in decision.ranked if s.endpoint.healthy and _allowed(s.endpoint, subset)]
-        if not ranked:
-            return Refusal(503, "no endpoint of the gateway's subset can take the request", "unavailable")
-        router.metrics.observe_decision(decision)
-        router.metrics.observe_admission(admitted.role, admitted.waited_s, admitted.group_size)
-        if router.prewarmer is not None:
-            router.prewarmer.consider(api, parsed.payload, request, decision)
-        queued = uncached_tokens(request, decision.matches.get(ranked[0].name))
-        if str(admitted.role) == "member":  # its group's prefix is computed once, by the group's first
-            queued = min(
-                queued, max(0, request.prompt_tokens - admitted.shared_blocks * request.block_tokens)
-            )
-        return Pick(tuple(ranked[: 1 + self._fallbacks]), request, parsed.stream, queued)
+        if isinstance(outcome, Refusal):
+            return outcome
+        if outcome.capped:
+            self.capped += 1
+        request = outcome.request
+        # A windowed or queued request was placed on the whole pool: the gateway's subset still binds.
+        ranked = [
+            s.endpoint for s in outcome.decision.ranked if s.endpoint.healthy and _allowed(s.endpoint, subset)
+        ]
+        queued = uncached_tokens(request, outcome.decision.matches.get(ranked[0].name))
+        cap = outcome.prefill_cap
+        if cap is not None:  # its group's prefix is computed once, by the group's first
+            queued = min(queued, cap)
+        return Pick(
+            tuple(ranked[: 1 + self._fallbacks]), request, outcome.parsed.stream, queued, outcome.identity
+        )
 
     def _any(self, subset: frozenset[str] | None) -> Pick | Refusal:
         """A request with no prompt to place (another path, or no body): the least busy healthy endpoint."""
@@ -173,32 +151,12 @@ class Picker:
         least = min(e.in_flight for e in healthy)
         return Pick((self._rng.choice([e for e in healthy if e.in_flight == least]),), None)
 
-    def _model(self, model: str | None) -> str:
-        pool = self._router.pool
-        if model is None:
-            known = pool.model_ids()
-            if len(known) == 1:
-                return known[0]
-            raise RequestError(400, "'model' is required", param="model")
-        if not pool.knows_model(model):
-            raise RequestError(
-                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
-            )
-        return model
-
-    async def _token_ids(self, api: ApiKind, parsed: ParsedRequest) -> tuple[int, ...] | None:
-        tokenizer = self._router.tokenizer
-        if tokenizer is None:
-            return None
-        try:
-            token_ids = await tokenizer.prompt_token_ids(api, parsed.payload)
-        except TokenizationError as exc:
-            self._router.metrics.tokenized("fallback")
-            log.debug("no exact token ids (%s): the approximate index decides", exc)
-            return None
-        self._router.metrics.tokenized("ok")
-        return token_ids
-
 
 def _allowed(endpoint: EndpointSnapshot, subset: frozenset[str] | None) -> bool:
     return subset is None or endpoint_address(endpoint.url) in subset
+
+
+def _raw(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The request's headers as ASGI has them, as the shared decision reads them (flow-control identity,
+    the plugins' headers)."""
+    return [(k.encode("latin-1", "replace"), v.encode("latin-1", "replace")) for k, v in headers.items()]

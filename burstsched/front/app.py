@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import anyio
 import httpx
@@ -33,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from burstsched.admission import Admission, AdmissionClosed, AdmissionQueueFull, NoEndpointAvailable
+from burstsched.admission import Admission
 from burstsched.config import EndpointConfig, RouterConfig
 from burstsched.discovery import Discovery, build_discovery
 from burstsched.dispatch import (
@@ -47,15 +46,16 @@ from burstsched.dispatch import (
     upstream_request_headers,
 )
 from burstsched.dispatch.drain import Drainer
-from burstsched.flow import Disconnected, FlowQueue, FlowRefused, ProbabilisticAdmitter, identify
+from burstsched.flow import FlowQueue, ProbabilisticAdmitter
 from burstsched.framework import ApiKind, KVEventConsumer, PluginContext, PluginRegistry
 from burstsched.front.auth import AuthMiddleware, AuthSettings
+from burstsched.front.decide import Refusal, decide
 from burstsched.front.draining import RefuseWhileDraining
 from burstsched.front.hot_path import ErrorGuard, RouterApp
 from burstsched.front.limits import BodyDeadlineMiddleware
 from burstsched.front.live_config import ConfigSource, LiveConfig
-from burstsched.front.plugin_headers import echo_endpoint, plugin_request_headers
-from burstsched.front.request import ClientDisconnected, RequestError, parse_request, read_body
+from burstsched.front.plugin_headers import echo_endpoint
+from burstsched.front.request import ClientDisconnected, RequestError, read_body
 from burstsched.kvcache import KVEventHub, stream_addresses
 from burstsched.pool import CircuitSettings, EndpointPool
 from burstsched.recording import Recorder
@@ -63,7 +63,7 @@ from burstsched.recording.line import usage_counts
 from burstsched.scheduling import Scheduler, build_scheduler
 from burstsched.telemetry import RequestTrace, Tracing, resolve_tracing
 from burstsched.telemetry.metrics import CONTENT_TYPE, RouterMetrics
-from burstsched.tokenization import PromptTokenizer, TokenizationError, build_prompt_tokenizer
+from burstsched.tokenization import PromptTokenizer, build_prompt_tokenizer
 from burstsched.wire.errors import error_response
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,8 @@ class Router:
     async def handle_completion(
         self, api: ApiKind, scope: Scope, receive: Receive, send: Send, trace: RequestTrace | None = None
     ) -> None:
-        """Read, validate, schedule and proxy one chat or completions request (``trace``: its spans)."""
+        """Read one chat or completions request, decide where it goes (:func:`.decide.decide`, the same
+        decision as the gateway's picker) and proxy it there (``trace``: its spans)."""
         arrived = time.monotonic()
         client_headers: list[tuple[bytes, bytes]] = scope["headers"]
         header_map = _wanted_headers(client_headers)
@@ -112,14 +113,6 @@ class Router:
             deadline = asyncio.get_running_loop().time() + request_timeout_ms / 1000.0
         try:
             body = await read_body(receive, header_map, self.config.limits.max_body_bytes)
-            parsed = parse_request(api, body)
-            if self.pool.healthy_count() == 0 and self.flow is not None:  # a pool scaling from zero
-                await self.flow.wait_ready(lambda: self.pool.healthy_count() > 0)
-            if self.pool.healthy_count() == 0:
-                self.metrics.request_done(None, "unavailable")
-                await error_response(503, "no healthy endpoint")(scope, receive, send)
-                return
-            model = self._resolve_model(parsed.model)
         except ClientDisconnected:
             self.metrics.request_done(None, "cancelled")
             return
@@ -128,116 +121,42 @@ class Router:
             response = error_response(exc.status, exc.message, param=exc.param, code=exc.code)
             await response(scope, receive, send)
             return
-        request_id = header_map.get("x-request-id") or os.urandom(16).hex()  # as random as uuid4().hex
-        token_ids = await self._token_ids(api, parsed.payload)
-        profile = self.scheduler.profile
-        plugin_headers = plugin_request_headers(client_headers, profile.request_headers)
-        request = parsed.to_sched_request(
-            request_id, model, self.config.prefix_hashing, token_ids, plugin_headers
+        outcome = await decide(
+            self, api, body, client_headers, header_map.get("x-request-id"), receive=receive, trace=trace
         )
-        if trace is not None:
-            trace.describe(parsed.payload, chat=api is ApiKind.CHAT, model=model, request_id=request_id)
-        candidates = self.pool.snapshots(model)
-        if not any(e.healthy for e in candidates):
-            self.metrics.request_done(None, "unavailable")
-            await error_response(503, f"no healthy endpoint serves model {model!r}")(scope, receive, send)
+        if isinstance(outcome, Refusal):
+            self.metrics.request_done(None, outcome.outcome)
+            if outcome.outcome != "cancelled":  # the client went away: nothing to send
+                refusal = error_response(
+                    outcome.status,
+                    outcome.message,
+                    param=outcome.param,
+                    code=outcome.code,
+                    headers=dict(outcome.headers) if outcome.headers else None,
+                )
+                await refusal(scope, receive, send)
             return
-        identity = identify(client_headers, self.config.flow_control)
-        if self.admitter is not None:
-            saturation = self.admitter.refuses(identity.priority, candidates)
-            if saturation is not None:
-                self.metrics.request_done(None, "throttled")
-                message = f"this request's priority ({identity.priority}) is sheddable and the pool is at "
-                message += f"saturation {saturation:.2f}: refused by the probabilistic admitter"
-                retry = {"Retry-After": str(self.config.flow_control.retry_after_s)}
-                await error_response(429, message, headers=retry)(scope, receive, send)
-                return
-        if trace is not None:
-            trace.admission_started()
-        try:
-            admitted = await self.admission.admit(request, candidates)
-        except AdmissionQueueFull as exc:
-            self.metrics.request_done(None, "throttled")
-            retry = {"Retry-After": str(exc.retry_after_s)}
-            await error_response(429, str(exc), headers=retry)(scope, receive, send)
-            return
-        except (NoEndpointAvailable, AdmissionClosed) as exc:
-            self.metrics.request_done(None, "unavailable")
-            await error_response(503, str(exc))(scope, receive, send)
-            return
-        decision = admitted.decision
-        role, shared_blocks = str(admitted.role), admitted.shared_blocks
-        self.metrics.observe_admission(admitted.role, admitted.waited_s, admitted.group_size)
-        if trace is not None:
-            trace.admitted(admitted)
-        if self.flow is not None:
-            try:
-                released = await self.flow.hold(request, admitted, identity, len(body), receive)
-            except FlowRefused as exc:
-                self.metrics.request_done(None, "throttled" if exc.status == 429 else "unavailable")
-                refusal = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else {}
-                await error_response(exc.status, exc.message, headers=refusal)(scope, receive, send)
-                return
-            except Disconnected:
-                self.metrics.request_done(None, "cancelled")
-                return
-            if released.queued:
-                decision, role, shared_blocks = released.decision, str(released.role), released.shared_blocks
-                if trace is not None:
-                    trace.queued(released.waited_s, identity.priority, identity.flow, released.overtook)
-        self.metrics.observe_decision(decision)
-        if self.prewarmer is not None:
-            self.prewarmer.consider(api, parsed.payload, request, decision)
-        headers = upstream_request_headers(client_headers, request_id)
-        prefill_cap = None
-        if role in _SHARING_ROLES:  # its group's prefix is computed once, by the group's first
-            prefill_cap = max(0, request.prompt_tokens - shared_blocks * request.block_tokens)
+        parsed, request, profile = outcome.parsed, outcome.request, self.scheduler.profile
         served = await self.dispatcher.forward(
             parsed,
             request,
-            decision,
-            headers,
+            outcome.decision,
+            upstream_request_headers(client_headers, request.request_id),
             receive,
             echo_endpoint(send, profile.echo_headers),
             trace=trace,
             deadline=deadline,
-            prefill_cap=prefill_cap,
+            prefill_cap=outcome.prefill_cap,
         )
         if self.recorder is not None:  # queued here (response sent); formatted and written in batches
-            self.recorder.record(arrived, parsed, request, admitted, served)
+            self.recorder.record(arrived, parsed, request, outcome.admitted, served)
         if self.flow is not None and served.outcome == "ok":  # the tokens it used, for program-aware fairness
             prompt_tokens, output_tokens, _ = usage_counts(served.response_tail)
-            self.flow.completed(identity.flow, prompt_tokens or request.prompt_tokens, output_tokens or 0)
-
-    async def _token_ids(self, api: ApiKind, payload: dict[str, Any]) -> tuple[int, ...] | None:
-        """The prompt's engine token ids; None (the approximate index decides) when they cannot be exact."""
-        if self.tokenizer is None:
-            return None
-        try:
-            token_ids = await self.tokenizer.prompt_token_ids(api, payload)
-        except TokenizationError as exc:
-            self.metrics.tokenized("fallback")
-            log.debug("no exact token ids (%s): the approximate index decides", exc)
-            return None
-        self.metrics.tokenized("ok")
-        return token_ids
-
-    def _resolve_model(self, model: str | None) -> str:
-        if model is None:
-            known = self.pool.model_ids()
-            if len(known) == 1:
-                return known[0]
-            raise RequestError(400, "'model' is required", param="model")
-        if not self.pool.knows_model(model):
-            raise RequestError(
-                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
-            )
-        return model
+            flow = outcome.identity.flow
+            self.flow.completed(flow, prompt_tokens or request.prompt_tokens, output_tokens or 0)
 
 
 _WANTED_HEADERS = frozenset({b"content-length", b"x-request-id"})
-_SHARING_ROLES = frozenset({"member", "joined"})
-"""Admission roles of a request sent where its group's first request computes their shared prefix."""
 
 
 def _wanted_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
