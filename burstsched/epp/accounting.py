@@ -19,17 +19,27 @@ stream, the body's own end: a stream's ``data: [DONE]``, a whole body's ``conten
 When the gateway does not send the response body (``response_body_mode: NONE``), the prefill ends with the
 response head instead: for a stream that is when the replica queued it, so its time to first token is not
 observed and the ledger's estimate of it ends early.
+
+The tokens it used, for flow control's program-aware fairness (as ``serve``'s dispatcher keeps them): with
+``fairness: program-aware`` the last 2 KiB of the response body are kept (a whole body's ``usage`` object,
+or a stream's usage chunk, which vLLM sends with ``stream_options.include_usage``), and a request that
+ended ``ok`` credits its flow (``Pick.identity``, from the shared decision) with the ``usage`` counts found
+there, its prompt's estimate and no output tokens when none are (no usage, or no response body sent). That
+is all ``serve`` feeds from a response's usage besides its traffic recorder, which the picker does not run:
+no router metric counts usage. Without program-aware fairness nothing of the body is kept.
 """
 
 from __future__ import annotations
 
 import time
 
+from burstsched.dispatch.proxy import RESPONSE_TAIL_BYTES
 from burstsched.epp.picker import Pick
 from burstsched.epp.wire import endpoint_address
 from burstsched.framework import EndpointSnapshot
 from burstsched.front.app import Router
 from burstsched.pool import CircuitState
+from burstsched.recording.line import usage_counts
 
 _DONE = b"data: [DONE]\n\n"
 
@@ -55,6 +65,9 @@ class Accounting:
         self._claimed = CircuitState.CLOSED
         self._load = (0, 0)
         self._sent_at = time.monotonic()
+        self._keep_tail = router.flow is not None and router.config.flow_control.fairness == "program-aware"
+        """Keep the response's tail for its usage: only program-aware fairness reads it."""
+        self._tail = b""
         self._attempt(pick.endpoint)
 
     def _attempt(self, endpoint: EndpointSnapshot) -> None:
@@ -104,6 +117,11 @@ class Accounting:
         """A response body chunk came; the first ends the request's prefill, the last (as its bytes say) the
         response."""
         self._seen += len(chunk)
+        if self._keep_tail:
+            if len(chunk) >= RESPONSE_TAIL_BYTES:
+                self._tail = chunk[-RESPONSE_TAIL_BYTES:]
+            else:
+                self._tail = (self._tail + chunk)[-RESPONSE_TAIL_BYTES:]
         if self._pick.stream:
             if chunk.endswith(_DONE):
                 self.response_end()
@@ -152,6 +170,16 @@ class Accounting:
         elif status is not None:
             metrics.attempt(self._name, "status_5xx")
         metrics.request_done(self._name, outcome)
+        if outcome == "ok":
+            self._completed()
+
+    def _completed(self) -> None:
+        """Credit the request's flow with the tokens it used (program-aware fairness), as ``serve`` does."""
+        flow, request, identity = self._router.flow, self._pick.request, self._pick.identity
+        if flow is None or request is None or identity is None:
+            return
+        prompt_tokens, output_tokens, _ = usage_counts(self._tail)
+        flow.completed(identity.flow, prompt_tokens or request.prompt_tokens, output_tokens or 0)
 
     def _end_prefill(self) -> None:
         if self._prefill:
