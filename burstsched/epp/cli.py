@@ -1,7 +1,9 @@
 """``burstsched epp``: serve the router as a gateway's endpoint picker (Envoy ext_proc over gRPC).
 
-The config and its command-line overrides are read as ``burstsched serve`` reads them. The process serves
-until SIGTERM or SIGINT, then stops taking streams and gives those in flight ``--grace`` seconds.
+The config and its command-line overrides (``--config``, ``--endpoint``, ``--kv-events``,
+``--kv-events-replay``, ``--tokenizer``) are defined and read by the same code as ``burstsched serve``'s
+(:mod:`burstsched.server.pool_arguments`). The process serves until SIGTERM or SIGINT, then stops taking
+streams and gives those in flight ``--grace`` seconds.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from burstsched.discovery.kubernetes import default_namespace
 from burstsched.epp.picker import DEFAULT_MAX_WAIT_S
 from burstsched.epp.service import running_epp
 from burstsched.epp.tls import Tls, self_signed
-from burstsched.server.reload import config_source
+from burstsched.server.pool_arguments import add_pool_arguments, lacks_endpoints, load_router_config
 
-DEFAULT_CONFIG = Path("config") / "default.yaml"
 DEFAULT_PORT = 9002
 """The port gateways' InferencePool ``endpointPickerRef`` uses by default."""
 DEFAULT_METRICS_PORT = 9090
@@ -31,33 +32,10 @@ DEFAULT_METRICS_PORT = 9090
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", type=Path, default=DEFAULT_CONFIG, help="YAML config (default: %(default)s)"
-    )
+    add_pool_arguments(parser)
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: %(default)s)")
     parser.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help="gRPC port: ext_proc and health (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--endpoint",
-        action="append",
-        default=[],
-        metavar="[NAME=]URL",
-        help="a replica's base URL, optionally named; repeat for each; replaces the config's endpoints",
-    )
-    parser.add_argument(
-        "--kv-events",
-        action="append",
-        default=[],
-        metavar="NAME=ADDRESS",
-        help="where endpoint NAME publishes its KV-cache events, as for burstsched serve; repeat for each",
-    )
-    parser.add_argument(
-        "--kv-events-replay",
-        action="append",
-        default=[],
-        metavar="NAME=ADDRESS",
-        help="endpoint NAME's KV-event replay socket, as for burstsched serve; repeat for each",
     )
     parser.add_argument(
         "--pool-name",
@@ -72,11 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kube-api-url",
         metavar="URL",
         help="the Kubernetes API (default: the in-cluster config in a pod, else the kubeconfig)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        metavar="PATH|remote",
-        help="token ids for the precise prefix producer, as for burstsched serve",
     )
     parser.add_argument(
         "--fallbacks",
@@ -119,25 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source = config_source(
-        args.config,
-        endpoints=args.endpoint,
-        kv_events=args.kv_events,
-        kv_events_replay=args.kv_events_replay,
-        tokenizer=args.tokenizer,
-    )
     try:
-        config = source()
+        config = load_router_config(args)
     except ConfigError as exc:
         print(f"burstsched epp: {exc}", file=sys.stderr)
         return 2
     pooled = args.pool_name is not None
-    if (
-        not pooled
-        and not config.endpoints
-        and config.discovery.kind == "static"
-        and config.pool.selector is None
-    ):
+    if not pooled and lacks_endpoints(config):
         print("burstsched epp: no endpoints (give --endpoint or list them in the config)", file=sys.stderr)
         return 2
     if (args.cert is None) != (args.key is None):

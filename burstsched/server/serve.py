@@ -27,7 +27,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 import uvicorn
@@ -44,7 +43,13 @@ from burstsched.framework import PluginRegistry
 from burstsched.front.app import Clock, create_app
 from burstsched.front.live_config import ConfigSource
 from burstsched.server.header_guard import guarded_protocol
-from burstsched.server.reload import ReloadTriggers, config_source
+from burstsched.server.pool_arguments import (
+    add_pool_arguments,
+    lacks_endpoints,
+    pool_argv,
+    pool_config_source,
+)
+from burstsched.server.reload import ReloadTriggers
 from burstsched.server.workers import (
     SOCKET_MODES,
     WORKER_HEADER,
@@ -56,43 +61,11 @@ from burstsched.server.workers import (
 )
 from burstsched.telemetry.metrics import RouterMetrics
 
-DEFAULT_CONFIG = Path("config") / "default.yaml"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", type=Path, default=DEFAULT_CONFIG, help="YAML config (default: %(default)s)"
-    )
+    add_pool_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
-    parser.add_argument(
-        "--endpoint",
-        action="append",
-        default=[],
-        metavar="[NAME=]URL",
-        help="a replica's base URL, optionally named; repeat for each; replaces the config's endpoints",
-    )
-    parser.add_argument(
-        "--kv-events",
-        action="append",
-        default=[],
-        metavar="NAME=ADDRESS",
-        help="where endpoint NAME publishes its KV-cache events (ZMQ, e.g. tcp://10.0.0.5:5557); repeat for "
-        "each; used by the precise prefix producer",
-    )
-    parser.add_argument(
-        "--kv-events-replay",
-        action="append",
-        default=[],
-        metavar="NAME=ADDRESS",
-        help="endpoint NAME's KV-event replay socket (ZMQ ROUTER, e.g. tcp://10.0.0.5:5558); repeat for each",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        metavar="PATH|remote",
-        help="how the precise prefix producer gets prompts' token ids: the model's tokenizer folder (or "
-        "tokenizer.json), or 'remote' (a replica's POST /tokenize); replaces the config's tokenizer section",
-    )
     parser.add_argument("--log-level", default="warning", help="log level (default: %(default)s)")
     parser.add_argument(
         "--reload-poll",
@@ -127,19 +100,10 @@ def _worker_command(args: argparse.Namespace) -> Callable[[int, Sequence[int], i
     """How the parent of ``--workers`` starts worker ``i``: this command again, with the sockets it inherits.
 
     Every argument of :func:`add_arguments` that a worker needs is passed on here."""
-    base = [sys.executable, "-m", "burstsched", "serve", "--config", str(args.config), "--host", args.host]
+    base = [sys.executable, "-m", "burstsched", "serve", *pool_argv(args), "--host", args.host]
     base += ["--port", str(args.port), "--log-level", args.log_level]
     if args.reload_poll is not None:
         base += ["--reload-poll", str(args.reload_poll)]
-    for flag, values in (
-        ("--endpoint", args.endpoint),
-        ("--kv-events", args.kv_events),
-        ("--kv-events-replay", args.kv_events_replay),
-    ):
-        for value in values:
-            base += [flag, value]
-    if args.tokenizer is not None:
-        base += ["--tokenizer", args.tokenizer]
 
     def command(index: int, fds: Sequence[int], link: int) -> list[str]:
         listen = ",".join(str(fd) for fd in fds)
@@ -187,19 +151,13 @@ def _as_worker(args: argparse.Namespace, app: Starlette, server: DrainingServer)
 
 
 def run(args: argparse.Namespace) -> int:
-    source = config_source(
-        args.config,
-        endpoints=args.endpoint,
-        kv_events=args.kv_events,
-        kv_events_replay=args.kv_events_replay,
-        tokenizer=args.tokenizer,
-    )
+    source = pool_config_source(args)
     try:
         config = source()
         if args.reload_poll is not None and not args.reload_poll > 0:
             print("burstsched serve: --reload-poll must be positive", file=sys.stderr)
             return 2
-        if not config.endpoints and config.discovery.kind == "static" and config.pool.selector is None:
+        if lacks_endpoints(config):
             print(
                 "burstsched serve: no endpoints (give --endpoint or list them in the config)", file=sys.stderr
             )
