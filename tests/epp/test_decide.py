@@ -73,9 +73,12 @@ def _no_room(router: Router) -> None:
         router.pool.acquire(name, 100, 100)
 
 
-def _flow(**updates: object) -> FlowControlConfig:
+def _flow(retry_after_s: int = 1) -> FlowControlConfig:
     headroom = HeadroomConfig(max_in_flight=1)
-    return FlowControlConfig(enabled=True, headroom=headroom, objectives={"batch": -1}, **updates)
+    objectives = {"batch": -1}
+    return FlowControlConfig(
+        enabled=True, headroom=headroom, objectives=objectives, retry_after_s=retry_after_s
+    )
 
 
 async def test_a_sheddable_request_is_refused_with_retry_after_when_the_queue_has_no_room(
