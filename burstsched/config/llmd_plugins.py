@@ -646,6 +646,7 @@ TRANSLATORS: dict[str, Translator] = {
     "label-selector-filter": _label_selector,
     "by-label-selector": _label_selector,  # llm-d's deprecated name for it
     "lora-affinity-scorer": _lora_affinity,
+    "header-based-testing-filter": _plain("filter", "header-based-testing-filter"),  # GIE's conformance
 }
 """llm-d plugin type → its translation."""
 
@@ -670,5 +671,6 @@ BURSTSCHED_TYPES: dict[str, str] = {
     "label-selector-filter": "label-selector-filter",
     "by-label-selector": "label-selector-filter",
     "lora-affinity-scorer": "lora-affinity-scorer",
+    "header-based-testing-filter": "header-based-testing-filter",
 }
 """llm-d plugin type → the burstsched plugin type it becomes (types that become a plugin only)."""

@@ -105,3 +105,23 @@ def test_check_explain_says_what_each_became(tmp_path: Path) -> None:
     assert "its filters fail open" in text and "EndpointSlices carry no labels" in text
     assert "by-label-selector 'legacy': label-selector-filter 'legacy' {match_labels: {}" in text
     assert "lora-affinity-scorer 'lora-affinity-scorer': lora-affinity-scorer; reads each replica's" in text
+
+
+def test_the_conformance_suites_testing_filter_loads_from_its_endpoint_picker_config() -> None:
+    """The Gateway API Inference Extension conformance suite's picker config names the
+    header-based-testing-filter: it becomes burstsched's filter of that name, in the profile."""
+    config = parse_config_document(
+        _llmd("""
+        plugins:
+        - type: header-based-testing-filter
+        - type: max-score-picker
+        schedulingProfiles:
+        - name: default
+          plugins:
+          - pluginRef: header-based-testing-filter
+          - pluginRef: max-score-picker
+        """)
+    ).config
+    specs = {p.instance_name: p for p in config.plugins}
+    assert specs["header-based-testing-filter"].type == "header-based-testing-filter"
+    assert "header-based-testing-filter" in [r.plugin_ref for r in config.profile.plugins]
