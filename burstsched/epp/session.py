@@ -144,7 +144,7 @@ class Session:
     def _request_body(self, body: HttpBody) -> list[ProcessingResponse] | None:
         if self._decided:  # decided on the headers: the body goes on unchanged
             if self._request_mode == FULL_DUPLEX:
-                return list(wire.streamed(body.body, end_of_stream=body.end_of_stream, request=True))
+                return wire.streamed(body.body, end_of_stream=body.end_of_stream, request=True)
             return [wire.body_passed(request=True)]
         self._body.append(body.body)
         if body.end_of_stream or self._request_mode == BUFFERED:
@@ -177,23 +177,20 @@ class Session:
     def _route(self, pick: Pick, body: bytes | None, *, end_of_stream: bool) -> Iterator[ProcessingResponse]:
         self._accounting = Accounting(self._router, pick, self._started)
         addresses = pick.addresses
-        metadata = wire.destination_metadata(addresses)
         if body is not None and self._request_mode == BUFFERED:
-            yield wire.request_body(wire.routing(addresses), metadata)
+            yield wire.destination(addresses, buffered=True)
             return
-        yield wire.request_headers(wire.routing(addresses), metadata)
+        yield wire.destination(addresses, buffered=False)
         if body is not None:  # FULL_DUPLEX_STREAMED: the gathered body goes back to the gateway
             yield from wire.streamed(body, end_of_stream=end_of_stream, request=True)
 
     def _response_headers(self, headers: HttpHeaders) -> list[ProcessingResponse]:
         accounting = self._accounting
         if accounting is not None:
-            values = wire.header_values(headers.headers)
+            status, content_length = wire.response_head(headers.headers)
             body_follows = not headers.end_of_stream and self._response_mode != NONE
-            length = _status(values.get("content-length", "")) if "content-length" in values else None
-            accounting.response_head(
-                _status(values.get(":status", "")), body_follows=body_follows, content_length=length
-            )
+            length = _status(content_length) if content_length is not None else None
+            accounting.response_head(_status(status), body_follows=body_follows, content_length=length)
         answer = wire.response_headers(accounting.endpoint_name if accounting is not None else None)
         if headers.end_of_stream and accounting is not None:
             accounting.response_end()
@@ -204,7 +201,7 @@ class Session:
         if self._accounting is not None:
             self._accounting.response_body(body.body)
         if self._response_mode == FULL_DUPLEX:
-            answers = list(wire.streamed(body.body, end_of_stream=body.end_of_stream, request=False))
+            answers = wire.streamed(body.body, end_of_stream=body.end_of_stream, request=False)
         else:
             answers = [wire.body_passed(request=False)]
         if body.end_of_stream and self._accounting is not None:

@@ -14,18 +14,23 @@ What the protocol fixes (Gateway API Inference Extension, proposal 004):
 
 The destination header is set with ``OVERWRITE_IF_EXISTS_OR_ADD`` (Envoy's default appends to a header the
 client sent), so the upstream request carries only the picker's value.
+
+The answers sent on every request are built lean (the per-request CPU of the picker is mostly gRPC's, and
+this keeps its own share small): the answers naming a destination or an endpoint are serialised once per
+value and parsed back from those bytes (a fresh message each time, byte for byte the one built field by
+field), and a streamed body piece is set along its field path instead of through five nested constructors.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 from google.protobuf.struct_pb2 import Struct, Value
 
 from burstsched.epp.pb.ext_proc_pb2 import (
-    BodyMutation,
     BodyResponse,
     CommonResponse,
     HeaderMap,
@@ -37,7 +42,6 @@ from burstsched.epp.pb.ext_proc_pb2 import (
     ImmediateResponse,
     ProcessingRequest,
     ProcessingResponse,
-    StreamedBodyResponse,
     TrailersResponse,
 )
 from burstsched.wire.errors import error_body
@@ -55,6 +59,8 @@ BODY_CHUNK_BYTES = 62_000
 """The largest body piece in one streamed body response (llm-d's limit, under Envoy's message limits)."""
 
 _OVERWRITE = HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
+_CACHED = 1024
+"""How many serialised answers (destinations, endpoint names) and endpoint addresses are kept."""
 
 
 def header_values(headers: HeaderMap) -> dict[str, str]:
@@ -63,6 +69,20 @@ def header_values(headers: HeaderMap) -> dict[str, str]:
     return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value) for h in headers.headers}
 
 
+def response_head(headers: HeaderMap) -> tuple[str, str | None]:
+    """A response's ``:status`` and ``content-length`` (None when absent), read as :func:`header_values`
+    reads them, without decoding the other headers."""
+    status, length = "", None
+    for h in headers.headers:
+        key = h.key
+        if key == ":status":
+            status = h.raw_value.decode("latin-1") if h.raw_value else h.value
+        elif key == "content-length":
+            length = h.raw_value.decode("latin-1") if h.raw_value else h.value
+    return status, length
+
+
+@lru_cache(maxsize=_CACHED)
 def endpoint_address(url: str) -> str:
     """``IP:PORT`` (``[IPv6]:PORT``) of an endpoint's base URL, as the gateway connects to it."""
     parts = urlsplit(url)
@@ -136,12 +156,30 @@ def request_body(common: CommonResponse, metadata: Struct | None = None) -> Proc
     return response
 
 
+def destination(addresses: Sequence[str], *, buffered: bool) -> ProcessingResponse:
+    """The answer that routes the request to ``addresses``: the request headers' answer (full duplex) or
+    the request body's (``buffered``), with :func:`routing`'s header mutation and
+    :func:`destination_metadata`."""
+    return ProcessingResponse.FromString(_destination(tuple(addresses), buffered))
+
+
+@lru_cache(maxsize=_CACHED)
+def _destination(addresses: tuple[str, ...], buffered: bool) -> bytes:
+    answer = request_body if buffered else request_headers
+    return answer(routing(addresses), destination_metadata(addresses)).SerializeToString()
+
+
 def response_headers(endpoint_name: str | None) -> ProcessingResponse:
     """The answer to the response's headers: names the replica that served, as ``serve`` does."""
+    return ProcessingResponse.FromString(_response_headers(endpoint_name))
+
+
+@lru_cache(maxsize=_CACHED)
+def _response_headers(endpoint_name: str | None) -> bytes:
     common = CommonResponse()
     if endpoint_name is not None:
         common.header_mutation.set_headers.append(_set(ENDPOINT_HEADER, endpoint_name))
-    return ProcessingResponse(response_headers=HeadersResponse(response=common))
+    return ProcessingResponse(response_headers=HeadersResponse(response=common)).SerializeToString()
 
 
 def body_passed(*, request: bool) -> ProcessingResponse:
@@ -150,24 +188,25 @@ def body_passed(*, request: bool) -> ProcessingResponse:
     return ProcessingResponse(request_body=body) if request else ProcessingResponse(response_body=body)
 
 
-def streamed(body: bytes, *, end_of_stream: bool, request: bool) -> Iterator[ProcessingResponse]:
+def streamed(body: bytes, *, end_of_stream: bool, request: bool) -> list[ProcessingResponse]:
     """FULL_DUPLEX_STREAMED: ``body`` given back to the gateway, in pieces of at most
     :data:`BODY_CHUNK_BYTES`; the last carries ``end_of_stream`` (an empty body still makes one message)."""
-    start = 0
-    while True:
-        piece = body[start : start + BODY_CHUNK_BYTES]
-        start += len(piece)
-        last = start >= len(body)
-        mutation = BodyMutation(
-            streamed_response=StreamedBodyResponse(body=piece, end_of_stream=end_of_stream and last)
-        )
-        answer = BodyResponse(response=CommonResponse(body_mutation=mutation))
-        if request:
-            yield ProcessingResponse(request_body=answer)
-        else:
-            yield ProcessingResponse(response_body=answer)
-        if last:
-            return
+    if len(body) <= BODY_CHUNK_BYTES:  # nearly always: one piece
+        return [_piece(body, end_of_stream, request)]
+    pieces = range(0, len(body), BODY_CHUNK_BYTES)
+    last = pieces[-1]
+    return [_piece(body[i : i + BODY_CHUNK_BYTES], end_of_stream and i == last, request) for i in pieces]
+
+
+def _piece(piece: bytes, end_of_stream: bool, request: bool) -> ProcessingResponse:
+    """One streamed body response; its fields set along their path (each marks the messages above it
+    present, as the nested constructors do), a quarter of the constructors' cost."""
+    response = ProcessingResponse()
+    answer = response.request_body if request else response.response_body
+    streamed_response = answer.response.body_mutation.streamed_response
+    streamed_response.body = piece
+    streamed_response.end_of_stream = end_of_stream
+    return response
 
 
 def trailers(*, request: bool) -> ProcessingResponse:
