@@ -74,6 +74,7 @@ class Accounting:
         """Count the request on ``endpoint`` (in flight, its prefill in the ledger, a circuit attempt)."""
         pick, pool = self._pick, self._router.pool
         self._name = endpoint.name
+        self._address = endpoint_address(endpoint.url)
         claimed = pool.begin_attempt(self._name)
         self._claimed = claimed if claimed is not None else CircuitState.CLOSED
         prompt_tokens = pick.request.prompt_tokens if pick.request is not None else 0
@@ -100,6 +101,11 @@ class Accounting:
     @property
     def endpoint_name(self) -> str:
         return self._name
+
+    @property
+    def address(self) -> str:
+        """``IP:PORT`` of the endpoint the request is counted on (the pick, or the fallback that served)."""
+        return self._address
 
     def response_head(self, status: int, *, body_follows: bool, content_length: int | None = None) -> None:
         """The response's head came with ``status``; ``body_follows``: the gateway will send its body."""

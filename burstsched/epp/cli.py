@@ -68,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "keep it below the gateway's ext_proc message_timeout (default: %(default)s)",
     )
     parser.add_argument(
+        "--served-header",
+        metavar="NAME",
+        help="name, in this response header, the IP:PORT that served the request (the fallback the "
+        "gateway reports in envoy.lb x-gateway-destination-endpoint-served, else the pick); the Gateway API "
+        "Inference Extension's conformance suite reads x-conformance-test-served-endpoint (default: none)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=DEFAULT_METRICS_PORT,
@@ -163,6 +170,7 @@ async def _serve(config: RouterConfig, args: argparse.Namespace, tls: Tls | None
             max_wait_s=args.max_wait,
             metrics_port=args.metrics_port or None,
             discovery=_discovery(args),
+            served_header=args.served_header,
         ) as epp:
             gc.collect()
             gc.freeze()  # as serve does: the objects alive now stay out of the collector's walks

@@ -69,14 +69,15 @@ class RunningEpp:
 class ExternalProcessor:
     """Envoy's ``Process`` method: one :class:`Session` per stream."""
 
-    def __init__(self, router: Router, picker: Picker) -> None:
+    def __init__(self, router: Router, picker: Picker, served_header: str | None = None) -> None:
         self._router = router
         self._picker = picker
+        self._served_header = served_header
 
     async def process(
         self, requests: AsyncIterable[ProcessingRequest], context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[ProcessingResponse]:
-        async for answer in Session(self._router, self._picker).run(requests):
+        async for answer in Session(self._router, self._picker, self._served_header).run(requests):
             yield answer
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -102,11 +103,13 @@ async def running_epp(
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     metrics_port: int | None = None,
     discovery: Discovery | None = None,
+    served_header: str | None = None,
 ) -> AsyncIterator[RunningEpp]:
     """Assemble the router, serve the picker on ``host:port`` (0: a free port) until the block ends;
     ``max_wait_s``: the cap on a request's wait in admission (see :mod:`burstsched.epp.picker`);
     ``metrics_port``: serve ``GET /metrics`` there (0: a free port; None: no metrics port); ``discovery``:
-    where the endpoints come from instead of the config's (e.g. an InferencePool)."""
+    where the endpoints come from instead of the config's (e.g. an InferencePool); ``served_header``: a
+    response header naming the ``IP:PORT`` that served (None: none)."""
     app = create_app(config, registry=registry, rng=rng, discovery=discovery)
     async with app.router.lifespan_context(app):
         router: Router = app.state.router
@@ -125,7 +128,9 @@ async def running_epp(
         server.add_generic_rpc_handlers(
             [
                 ExternalProcessor(
-                    router, Picker(router, fallbacks=fallbacks, rng=rng, max_wait_s=max_wait_s)
+                    router,
+                    Picker(router, fallbacks=fallbacks, rng=rng, max_wait_s=max_wait_s),
+                    served_header,
                 ).handler()
             ]
         )

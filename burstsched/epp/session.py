@@ -66,9 +66,11 @@ class _Pending:
 class Session:
     """The state of one stream; :meth:`run` turns the gateway's messages into the picker's answers."""
 
-    def __init__(self, router: Router, picker: Picker) -> None:
+    def __init__(self, router: Router, picker: Picker, served_header: str | None = None) -> None:
+        """``served_header``: a response header to name the ``IP:PORT`` that served in (None: none)."""
         self._router = router
         self._picker = picker
+        self._served_header = served_header
         self._request_mode: BodyMode = FULL_DUPLEX
         self._response_mode: BodyMode = FULL_DUPLEX
         self._path = ""
@@ -191,7 +193,10 @@ class Session:
             body_follows = not headers.end_of_stream and self._response_mode != NONE
             length = _status(content_length) if content_length is not None else None
             accounting.response_head(_status(status), body_follows=body_follows, content_length=length)
-        answer = wire.response_headers(accounting.endpoint_name if accounting is not None else None)
+        served = None
+        if self._served_header is not None and accounting is not None:
+            served = (self._served_header, accounting.address)
+        answer = wire.response_headers(accounting.endpoint_name if accounting is not None else None, served)
         if headers.end_of_stream and accounting is not None:
             accounting.response_end()
             accounting.finish()

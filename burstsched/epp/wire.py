@@ -169,16 +169,19 @@ def _destination(addresses: tuple[str, ...], buffered: bool) -> bytes:
     return answer(routing(addresses), destination_metadata(addresses)).SerializeToString()
 
 
-def response_headers(endpoint_name: str | None) -> ProcessingResponse:
-    """The answer to the response's headers: names the replica that served, as ``serve`` does."""
-    return ProcessingResponse.FromString(_response_headers(endpoint_name))
+def response_headers(endpoint_name: str | None, served: tuple[str, str] | None = None) -> ProcessingResponse:
+    """The answer to the response's headers: names the replica that served, as ``serve`` does, and with
+    ``served`` (a header name, an ``IP:PORT``) that address in that header."""
+    return ProcessingResponse.FromString(_response_headers(endpoint_name, served))
 
 
 @lru_cache(maxsize=_CACHED)
-def _response_headers(endpoint_name: str | None) -> bytes:
+def _response_headers(endpoint_name: str | None, served: tuple[str, str] | None) -> bytes:
     common = CommonResponse()
     if endpoint_name is not None:
         common.header_mutation.set_headers.append(_set(ENDPOINT_HEADER, endpoint_name))
+    if served is not None:
+        common.header_mutation.set_headers.append(_set(*served))
     return ProcessingResponse(response_headers=HeadersResponse(response=common)).SerializeToString()
 
 

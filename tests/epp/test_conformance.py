@@ -59,6 +59,8 @@ profile:
 """
 BODY = {"model": "kv-demo", "prompt": "Write as if you were a critic: San Francisco", "max_tokens": 2}
 REPORTING = EnvoyMode(report_served=True)
+CONFORMANCE_SERVED = "x-conformance-test-served-endpoint"
+"""The response header the suite reads the served address from (``burstsched epp --served-header``)."""
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -104,7 +106,7 @@ async def conformance_gateway(
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The picker (in process, the suite's filter) over all three replicas, Envoy in front."""
     config = router_config(list(zip(sims.names, sims.urls, strict=True)), CONFIG)
-    async with running_epp(config, rng=random.Random(5)) as epp:
+    async with running_epp(config, rng=random.Random(5), served_header=CONFORMANCE_SERVED) as epp:
         with envoy(envoy_path, epp.port, mode, workdir) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
                 yield client
@@ -161,25 +163,25 @@ async def test_the_selection_header_syntax(sims: SimPool, envoy_path: Path, work
 
 
 async def test_gateway_destination_endpoint_served(sims: SimPool, envoy_path: Path, workdir: Path) -> None:
-    """``GatewayDestinationEndpointServed``, the gateway's half: the served ``IP:PORT`` it reports (to the
-    picker in ``envoy.lb`` metadata, here also to the client in the response header of the same name) is
-    the address the request selected, for each replica, whole and streamed. The picker's half, echoing it as
-    ``x-conformance-test-served-endpoint``, is not burstsched's: its ``x-burstsched-endpoint`` names the
-    endpoint it holds the request on after hearing the report (a fallback that served replaces the pick)."""
+    """``GatewayDestinationEndpointServed``: the served ``IP:PORT`` the gateway reports (to the picker in
+    ``envoy.lb`` metadata, here also to the client in the response header of the same name) is the address
+    the request selected, for each replica, whole and streamed; the picker (``--served-header``) echoes the
+    address it holds the request on after hearing the report (a fallback that served replaces the pick) in
+    ``x-conformance-test-served-endpoint``, where the suite reads it."""
     addresses = _addresses(sims)
     async with conformance_gateway(sims, envoy_path, workdir) as client:
         with anyio.fail_after(60):
             for index, address in enumerate(addresses):
                 whole = await client.post("/v1/completions", json=BODY, headers={SELECT: address})
                 assert whole.status_code == 200, whole.text
-                assert whole.headers[SERVED] == address
+                assert whole.headers[SERVED] == whole.headers[CONFORMANCE_SERVED] == address
                 assert whole.headers["x-burstsched-endpoint"] == sims.names[index]
                 body = {**BODY, "stream": True}
                 async with client.stream(
                     "POST", "/v1/completions", json=body, headers={SELECT: address}
                 ) as s:
                     await s.aread()
-                assert s.status_code == 200 and s.headers[SERVED] == address
+                assert s.status_code == 200 and s.headers[SERVED] == s.headers[CONFORMANCE_SERVED] == address
                 assert len(sims.requests(index)) == 2
 
 
