@@ -6,9 +6,7 @@ destination header), in front of simulated replicas, all on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,12 +20,11 @@ from burstsched.epp.service import running_epp
 from burstsched.epp.tls import self_signed
 from burstsched.epp.wire import endpoint_address
 from burstsched.sim import SimPool
-from burstsched.wire.sse import data_payloads
 from burstsched.workloads.gateway import DESTINATION, EnvoyMode, ai_gateway_config, ai_gateway_mode, envoy
+from tests.epp.gateway_requests import chat, each_api, words
 from tests.router.helpers import router_config
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "kv-demo"
 MODES = {
     "duplex": ai_gateway_mode(),
     "buffered": ai_gateway_mode("buffered"),
@@ -49,18 +46,6 @@ async def gateway(
         with envoy(envoy_path, epp.port, mode, workdir) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
                 yield client
-
-
-def _chat(content: str, **extra: object) -> dict[str, object]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
-
-
-def _words(rng: random.Random, n_bytes: int) -> str:
-    words, size = [f"doc-{uuid.UUID(int=rng.getrandbits(128))}"], 0
-    while size < n_bytes:
-        words.append(f"observation{rng.randrange(10**9):09d}x{rng.randrange(10**6):06d}")
-        size += len(words[-1]) + 1
-    return " ".join(words)
 
 
 def test_the_configuration_is_ai_gateways() -> None:
@@ -125,33 +110,9 @@ async def test_chat_and_completions_streamed_and_not(
     only the picker's destination header, even when the client sent one naming the decoy (AI Gateway does
     not strip it: the picker overwrites it)."""
     decoy = {DESTINATION: endpoint_address(sims.urls[2])}
-    served: list[str] = []
     async with gateway(sims, envoy_path, workdir, mode) as client:
         with anyio.fail_after(60):
-            whole = await client.post("/v1/chat/completions", json=_chat("Say something."), headers=decoy)
-            assert whole.status_code == 200, whole.text
-            assert whole.json()["object"] == "chat.completion"
-            assert whole.json()["choices"][0]["message"]["content"]
-            served.append(whole.headers["x-burstsched-endpoint"])
-            body = {"model": MODEL, "prompt": "Hi", "max_tokens": 3}
-            completion = await client.post("/v1/completions", json=body, headers=decoy)
-            assert completion.status_code == 200, completion.text
-            assert completion.json()["object"] == "text_completion"
-            served.append(completion.headers["x-burstsched-endpoint"])
-            for path, streamed in (
-                ("/v1/chat/completions", _chat("Stream it.", max_tokens=12, stream=True)),
-                ("/v1/completions", {"model": MODEL, "prompt": "Go", "max_tokens": 12, "stream": True}),
-            ):
-                async with client.stream("POST", path, json=streamed) as stream:
-                    assert stream.status_code == 200
-                    assert stream.headers["content-type"].startswith("text/event-stream")
-                    raw = await stream.aread()
-                    served.append(stream.headers["x-burstsched-endpoint"])
-                events = data_payloads(raw)
-                assert events[-1] == "[DONE]"
-                choices = [json.loads(e)["choices"][0] for e in events[:-1]]
-                assert choices[-1]["finish_reason"] == "length"
-                assert len(choices) >= 12
+            served = await each_api(client, decoy)
     assert set(served) <= set(sims.names[:2])
     for index, name in enumerate(sims.names[:2]):
         destinations = [r.headers.get(DESTINATION) for r in sims.requests(index)]
@@ -170,11 +131,11 @@ async def test_a_burst_sharing_a_new_prefix_lands_on_one_replica(
     async with gateway(sims, envoy_path, workdir, mode) as client:
         with anyio.fail_after(60):
             for _ in range(4):
-                context = _words(rng, 6_000)
+                context = words(rng, 6_000)
 
                 async def one(i: int, context: str = context) -> str:
                     response = await client.post(
-                        "/v1/chat/completions", json=_chat(f"{context}\nQuestion {i}?")
+                        "/v1/chat/completions", json=chat(f"{context}\nQuestion {i}?")
                     )
                     assert response.status_code == 200, response.text
                     return response.headers["x-burstsched-endpoint"]
@@ -194,7 +155,7 @@ async def test_an_unknown_model_is_refused_in_openais_shape(
     and no replica sees the request."""
     async with gateway(sims, envoy_path, workdir, mode) as client:
         with anyio.fail_after(30):
-            whole = await client.post("/v1/chat/completions", json={**_chat("hi"), "model": "no-such-model"})
+            whole = await client.post("/v1/chat/completions", json={**chat("hi"), "model": "no-such-model"})
             streamed = await client.post(
                 "/v1/completions",
                 json={"model": "no-such-model", "prompt": "x", "max_tokens": 2, "stream": True},

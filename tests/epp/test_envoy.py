@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,12 +18,11 @@ from burstsched.config import RouterConfig
 from burstsched.epp.service import RunningEpp, running_epp
 from burstsched.epp.wire import endpoint_address
 from burstsched.sim import SimPool
-from burstsched.wire.sse import data_payloads
 from burstsched.workloads.gateway import DESTINATION, EnvoyMode, RunningEnvoy, envoy
+from tests.epp.gateway_requests import chat, each_api, words
 from tests.router.helpers import eventually, router_config
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "kv-demo"
 FULL_DUPLEX = EnvoyMode()
 BUFFERED = EnvoyMode(request_body="BUFFERED", response_body="NONE")
 
@@ -46,18 +44,6 @@ async def gateway(
                 yield epp, gw, client
 
 
-def _chat(content: str, **extra: object) -> dict[str, object]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
-
-
-def _words(rng: random.Random, n_bytes: int) -> str:
-    words, size = [f"doc-{uuid.UUID(int=rng.getrandbits(128))}"], 0
-    while size < n_bytes:
-        words.append(f"observation{rng.randrange(10**9):09d}x{rng.randrange(10**6):06d}")
-        size += len(words[-1]) + 1
-    return " ".join(words)
-
-
 def _destinations(sims: SimPool, index: int) -> list[str]:
     """The destination header each request recorded by replica ``index`` carried when it arrived."""
     return [r.headers.get(DESTINATION, "") for r in sims.requests(index)]
@@ -71,29 +57,7 @@ async def test_chat_and_completions_streamed_and_not(
     the picker's destination header naming itself and nothing else."""
     async with gateway(sims, envoy_path, workdir, mode) as (_, _, client):
         with anyio.fail_after(60):
-            whole = await client.post("/v1/chat/completions", json=_chat("Say something."))
-            assert whole.status_code == 200, whole.text
-            assert whole.json()["object"] == "chat.completion"
-            served = [whole.headers["x-burstsched-endpoint"]]
-            completion = await client.post(
-                "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 3}
-            )
-            assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
-            served.append(completion.headers["x-burstsched-endpoint"])
-            for path, body in (
-                ("/v1/chat/completions", _chat("Stream it.", max_tokens=12, stream=True)),
-                ("/v1/completions", {"model": MODEL, "prompt": "Go", "max_tokens": 12, "stream": True}),
-            ):
-                async with client.stream("POST", path, json=body) as stream:
-                    assert stream.status_code == 200
-                    assert stream.headers["content-type"].startswith("text/event-stream")
-                    raw = await stream.aread()
-                    served.append(stream.headers["x-burstsched-endpoint"])
-                events = data_payloads(raw)
-                assert events[-1] == "[DONE]"
-                choices = [json.loads(e)["choices"][0] for e in events[:-1]]
-                assert choices[-1]["finish_reason"] == "length"
-                assert len(choices) >= 12  # 12 tokens (a chat stream opens with its role)
+            served = await each_api(client)
     for index, name in enumerate(sims.names[:2]):
         assert _destinations(sims, index) == [endpoint_address(sims.urls[index])] * served.count(name)
     assert sims.requests(2) == []
@@ -104,8 +68,8 @@ async def test_a_200_kb_prompt_arrives_whole(
     sims: SimPool, envoy_path: Path, workdir: Path, mode: EnvoyMode
 ) -> None:
     """The replica counts the same prompt tokens through the gateway as when sent the body directly."""
-    content = _words(random.Random(5), 200_000)
-    body = _chat(content, max_tokens=1)
+    content = words(random.Random(5), 200_000)
+    body = chat(content, max_tokens=1)
     assert len(json.dumps(body)) > 200_000
     async with gateway(sims, envoy_path, workdir, mode) as (_, _, client):
         with anyio.fail_after(60):
@@ -129,11 +93,11 @@ async def test_a_burst_sharing_a_new_prefix_lands_on_one_replica(
     async with gateway(sims, envoy_path, workdir, yaml_name="default.yaml") as (_, _, client):
         with anyio.fail_after(60):
             for _ in range(4):
-                context = _words(rng, 6_000)
+                context = words(rng, 6_000)
 
                 async def one(i: int, context: str = context) -> str:
                     response = await client.post(
-                        "/v1/chat/completions", json=_chat(f"{context}\nQuestion {i}?")
+                        "/v1/chat/completions", json=chat(f"{context}\nQuestion {i}?")
                     )
                     assert response.status_code == 200, response.text
                     return response.headers["x-burstsched-endpoint"]
@@ -150,7 +114,7 @@ async def test_a_cancelled_stream_releases_its_endpoint(
     """A client that goes away mid-stream: the picker's stream ends and the pool no longer counts it."""
     async with gateway(sims, envoy_path, workdir) as (epp, _, client):
         with anyio.fail_after(60):
-            body = _chat("Tell a long story.", max_tokens=2000, stream=True)
+            body = chat("Tell a long story.", max_tokens=2000, stream=True)
             async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
                 assert stream.status_code == 200
                 chunks = stream.aiter_raw()
@@ -177,7 +141,7 @@ async def test_a_client_destination_header_is_never_obeyed(
             with anyio.fail_after(30):
                 for i in range(4):
                     response = await client.post(
-                        "/v1/chat/completions", json=_chat(f"steer {i}"), headers={DESTINATION: decoy}
+                        "/v1/chat/completions", json=chat(f"steer {i}"), headers={DESTINATION: decoy}
                     )
                     assert response.status_code == 200, response.text
                     assert response.headers["x-burstsched-endpoint"] in sims.names[:2]
@@ -205,7 +169,7 @@ async def test_no_ready_endpoint_is_503(sims: SimPool, envoy_path: Path, workdir
                         return epp.router.pool.healthy_count() == 0
 
                     await eventually(none_healthy, within_s=10)
-                    response = await client.post("/v1/chat/completions", json=_chat("anyone?"))
+                    response = await client.post("/v1/chat/completions", json=chat("anyone?"))
                     not_ready = await probe.get(ready_url)
                     alive = await probe.get(ready_url.replace("/ready", "/health"))
     assert (not_ready.status_code, alive.status_code) == (503, 200)
@@ -222,10 +186,10 @@ async def test_admission_shedding_is_429(sims: SimPool, envoy_path: Path, workdi
     async with running_epp(config.model_copy(update={"admission": admission})) as epp:
         with envoy(envoy_path, epp.port, FULL_DUPLEX, workdir) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-                context = _words(random.Random(2), 4_000)  # long enough to wait in the window
+                context = words(random.Random(2), 4_000)  # long enough to wait in the window
                 with anyio.fail_after(30):
                     responses = await asyncio.gather(
-                        *(client.post("/v1/chat/completions", json=_chat(f"{context} {i}")) for i in range(4))
+                        *(client.post("/v1/chat/completions", json=chat(f"{context} {i}")) for i in range(4))
                     )
     statuses = sorted(r.status_code for r in responses)
     assert statuses[0] == 200 and statuses[-1] == 429, statuses
@@ -259,8 +223,8 @@ async def test_the_metrics_port_counts_what_the_picker_sees(
         with envoy(envoy_path, epp.port, mode, workdir) as gw:
             async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
                 with anyio.fail_after(30):
-                    whole = await client.post("/v1/chat/completions", json=_chat("Count me."))
-                    body = _chat("Stream me.", stream=True)
+                    whole = await client.post("/v1/chat/completions", json=chat("Count me."))
+                    body = chat("Stream me.", stream=True)
                     async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
                         await stream.aread()
                     name = stream.headers["x-burstsched-endpoint"]
