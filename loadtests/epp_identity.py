@@ -25,12 +25,15 @@ at that maximum), and every 50th request (index 7 modulo 50) is over the context
 (``--over-context-bytes``, log-uniform, default 12 KB to 200 KB): vLLM answers it with a 400, a legitimate
 answer that must be byte-identical too, counted apart. Before the run every prompt is counted by the
 replica's own ``POST /tokenize`` (the chat template applied), which says which requests are over the
-context and gives the tokenizer's bytes per token. At temperature 0 a real engine's output may still
-differ between two sendings (batching and a prefix-cache hit change the numerics): a difference is
-counted, never hidden; one whose bodies are equal once the generated text is blanked (same ids, usage,
-finish reasons, number of events) is counted as ``text_only``, any other as a mismatch. The exit status
-fails on a mismatch or a lost request on either backend, and on a text-only difference on the simulator
-(deterministic there).
+context and gives the tokenizer's bytes per token. A real engine's answers may still differ between two
+sendings: at temperature 0 the text itself (batching and a prefix-cache hit change the numerics), and a
+stream's split of the text over its SSE events (vLLM puts every token it has ready into one event when
+its output loop is behind). A difference is counted, never hidden (:func:`compare`): ``regrouped`` (a
+stream, the same text split otherwise over the events), ``text_only`` (byte-identical once the generated
+text is emptied: ids, usage, finish reasons equal) or a mismatch (anything else). Each pair that is not
+byte-identical is sent straight to the replica once more, a control: do the replica's own two answers
+differ too? The exit status fails on a mismatch or a lost request on either backend, and on any
+difference on the simulator (deterministic there).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ MODES = {
     "full-duplex": EnvoyMode(),
     "buffered": EnvoyMode(request_body="BUFFERED", response_body="NONE"),
 }
-Verdict = Literal["identical", "text_only", "different"]
+Verdict = Literal["identical", "regrouped", "text_only", "different"]
 DEFAULTS = {  # per backend: --max-prompt-bytes, --max-tokens, --over-context-bytes
     "sim": (200_000, 64, None),
     "vllm": (9_000, 32, (12_000, 200_000)),
@@ -134,6 +137,11 @@ class Report:
     """Of those not cancelled, answered with vLLM's 400 (compared like the others)."""
     compared: int = 0
     identical: int = 0
+    regrouped: list[str] = field(default_factory=list)
+    """Streams with the same generated text split otherwise over the events."""
+    control: dict[str, int] = field(default_factory=dict)
+    """Each pair that is not byte-identical is sent a second time straight to the same replica: how the
+    replica's two direct answers compare, by the verdict of the pair (``<pair's verdict> / <control's>``)."""
     text_only: list[str] = field(default_factory=list)
     """Differences in the generated text alone (ids, usage, finish reasons, event count equal)."""
     lost: list[str] = field(default_factory=list)
@@ -306,18 +314,83 @@ def _common_prefix(a: str, b: str) -> int:
     return n
 
 
+def _collapsed(items: Sequence[Any]) -> list[Any]:
+    """``items`` with each run of equal consecutive items kept once."""
+    kept: list[Any] = []
+    for item in items:
+        if not kept or kept[-1] != item:
+            kept.append(item)
+    return kept
+
+
+def _is_token_event(payload: bytes) -> bool:
+    """A stream event that only carries generated text: no role, no finish reason, no usage."""
+    try:
+        document = json.loads(payload)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    if not isinstance(document, dict) or document.get("usage") or not document.get("choices"):
+        return False
+    texts: dict[int, str] = {}
+    _blank_generated(document, texts)
+    return any(texts.values()) and all(
+        isinstance(c, dict)
+        and c.get("finish_reason") is None
+        and "role" not in (c.get("delta") or {})
+        and "usage" not in c
+        for c in document["choices"]
+    )
+
+
+def _shape(body: bytes, stream: bool) -> tuple[list[bytes], set[bytes]]:
+    """The body byte for byte with ``created`` masked and the generated text emptied. A stream: its
+    events so, without those that only carry text, and apart the set of shapes of those (one when every
+    token event is alike): the engine may fold such events into the next one."""
+    blank = _blank_bytes(body)
+    if not stream:
+        return [blank], set()
+    kept: list[bytes] = []
+    tokens: set[bytes] = set()
+    raw = [event for event in _masked(body).split(b"\n\n") if event.strip()]
+    blanked = [event for event in blank.split(b"\n\n") if event.strip()]
+    if len(raw) != len(blanked):
+        return blanked, set()
+    for event, shape in zip(raw, blanked, strict=True):
+        if event.startswith(b"data: ") and _is_token_event(event[len(b"data: ") :]):
+            tokens.add(shape)
+        else:
+            kept.append(shape)
+    return kept, tokens
+
+
 def compare(a: Outcome, b: Outcome) -> tuple[Verdict, str]:
-    """Whether ``a`` and ``b`` are byte-identical (``created`` masked), differ only in the generated text
-    (byte-identical once every text string is emptied, and the same once parsed with it blanked), or
-    differ otherwise; with a line saying how."""
+    """How ``a`` and ``b`` compare, with a line saying how:
+
+    - ``identical``: byte for byte, ``created`` masked;
+    - ``regrouped`` (streams): the same generated text and the same bytes around it, but the text split
+      otherwise over the SSE events: every event that only carries text (no role, finish reason or usage)
+      has one shape once its text is emptied, and the other events are byte-identical once emptied (the
+      engine put several tokens in one event, or folded them into the last);
+    - ``text_only``: the same, but the generated text differs (ids, usage and finish reasons equal);
+    - ``different``: anything else."""
     if same(a, b):
         return "identical", ""
     head = f"via {a.status} {len(a.body)} B, direct {b.status} {len(b.body)} B"
     if a.status != b.status or a.content_type != b.content_type:
         return "different", f"{head}; status or content type ({a.content_type!r} / {b.content_type!r})"
     left, right = structure(a.body, a.spec.stream), structure(b.body, b.spec.stream)
-    if _blank_bytes(a.body) != _blank_bytes(b.body) or left is None or right is None or left[0] != right[0]:
+    (kept_a, tokens_a), (kept_b, tokens_b) = _shape(a.body, a.spec.stream), _shape(b.body, b.spec.stream)
+    if kept_a != kept_b or len(tokens_a | tokens_b) > 1 or left is None or right is None:
         return "different", f"{head}; first via {a.body[:160]!r} / direct {b.body[:160]!r}"
+    if a.spec.stream:
+        head += f", {len(left[0])}/{len(right[0])} events"
+    if left[1] == right[1]:
+        if a.spec.stream:
+            return "regrouped", f"{head}; the same text split otherwise over the events"
+        return (
+            "different",
+            f"{head}; the same text, other bytes: via {a.body[:160]!r} / direct {b.body[:160]!r}",
+        )
     texts = []
     for index in sorted(set(left[1]) | set(right[1])):
         one, two = left[1].get(index, ""), right[1].get(index, "")
@@ -414,12 +487,15 @@ async def run(
     backend: str = "sim",
     prompt_tokens: dict[int, int | None] | None = None,
     max_model_len: int = 0,
+    dump: Path | None = None,
 ) -> Report:
     """Send ``specs`` through the gateway (``concurrency`` at a time), then each completed one directly.
 
     With ``prompt_tokens`` (and ``max_model_len``) a request the replica counted over its context, or
     refused to count, is expected to get the 400; one made over the context on purpose that the replica
-    counted inside it is a mismatch of the mix itself, reported as such."""
+    counted inside it is a mismatch of the mix itself, reported as such. ``dump``: a folder where both
+    bodies of each pair that is not byte-identical are written (``<request id>.via``, ``.direct``, and
+    ``.direct2``, the control: the same request sent straight to the replica once more)."""
     report = Report(requests=len(specs), backend=backend)
     direct_urls = dict(endpoints)
     limiter = anyio.Semaphore(concurrency)
@@ -473,12 +549,22 @@ async def run(
                 direct = await send(client, direct_urls[via.endpoint], spec, cancel=False)
                 report.compared += 1
                 verdict, how = compare(via, direct)
+                if verdict != "identical":
+                    again = await send(client, direct_urls[via.endpoint], spec, cancel=False)
+                    key = f"{verdict} / {compare(direct, again)[0]}"
+                    report.control[key] = report.control.get(key, 0) + 1
+                    if dump is not None:
+                        (dump / f"{spec.request_id}.via").write_bytes(via.body)
+                        (dump / f"{spec.request_id}.direct").write_bytes(direct.body)
+                        (dump / f"{spec.request_id}.direct2").write_bytes(again.body)
                 if verdict == "identical":
                     report.identical += 1
+                elif verdict == "regrouped" and allow_text:
+                    report.regrouped.append(f"{spec.request_id} ({spec.kind}): {how}")
                 elif verdict == "text_only" and allow_text:
                     report.text_only.append(f"{spec.request_id} ({spec.kind}): {how}")
                 else:
-                    report.mismatches.append(f"{spec.request_id} ({spec.kind}): {how}")
+                    report.mismatches.append(f"{spec.request_id} ({spec.kind}, {verdict}): {how}")
 
         async with anyio.create_task_group() as tg:
             for spec in specs:
@@ -519,6 +605,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=Path("config") / "default.yaml")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--dump", type=Path, default=None, help="folder for both bodies of each difference")
     args = parser.parse_args(argv)
     max_prompt, max_tokens, over = DEFAULTS[args.backend]
     args.max_prompt_bytes = args.max_prompt_bytes or max_prompt
@@ -533,6 +620,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 async def main(args: argparse.Namespace) -> Report:
+    if args.dump is not None:
+        args.dump.mkdir(parents=True, exist_ok=True)
     specs = make_specs(
         args.requests,
         args.max_prompt_bytes,
@@ -545,7 +634,7 @@ async def main(args: argparse.Namespace) -> Report:
         async with sim_pool(args.replicas, args.time_scale) as pool:
             endpoints = list(zip(pool.names, pool.urls, strict=True))
             async with gateway_process(args.config, endpoints, mode=MODES[args.mode]) as url:
-                return await run(endpoints, url, specs, concurrency=args.concurrency)
+                return await run(endpoints, url, specs, concurrency=args.concurrency, dump=args.dump)
     async with vllm_pool(args.replicas, args.replica_cpu_quota) as endpoints:
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
             counts, tokens = await count_prompt_tokens(client, endpoints[0][1], specs)
@@ -558,6 +647,7 @@ async def main(args: argparse.Namespace) -> Report:
                 backend="vllm",
                 prompt_tokens=counts,
                 max_model_len=int(tokens["max_model_len"]),
+                dump=args.dump,
             )
         report.prompt_tokens = tokens
         return report
@@ -583,8 +673,11 @@ def summary_lines(report: Report) -> list[str]:
         f"cancelled by the client: {report.cancelled_asked} asked, "
         f"{report.cancelled_cut} cut before their end",
         f"completed {report.completed}; compared with the replica directly {report.compared}, "
-        f"byte-identical {report.identical}, differing in the generated text only {len(report.text_only)}, "
+        f"byte-identical {report.identical}; streams with the same text in differently many events "
+        f"{len(report.regrouped)}; differing in the generated text only {len(report.text_only)}; "
         f"different otherwise {len(report.mismatches)}",
+        f"those not byte-identical sent straight to the replica twice (pair's verdict / the two direct "
+        f"answers'): {dict(sorted(report.control.items()))}",
         f"lost {len(report.lost)}; served by {dict(sorted(report.served_by.items()))}",
         f"replicas still running or queueing afterwards: {report.replicas_busy_after}",
         f"{report.seconds:.1f} s; latency through the gateway {report.latency_s}",
@@ -600,7 +693,7 @@ if __name__ == "__main__":
     arguments = parse_args()
     measured = anyio.run(main, arguments)
     print("\n".join(summary_lines(measured)))
-    for line in (measured.lost + measured.mismatches + measured.text_only)[:30]:
+    for line in (measured.lost + measured.mismatches + measured.text_only + measured.regrouped)[:40]:
         print("  ", line)
     if arguments.json is not None:
         arguments.json.write_text(json.dumps(measured.as_json(), indent=2) + "\n")
