@@ -139,6 +139,9 @@ class Report:
     identical: int = 0
     regrouped: list[str] = field(default_factory=list)
     """Streams with the same generated text split otherwise over the events."""
+    verdicts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per kind of request (``chat-stream``, ``completions``, ..., and ``over-context``), each comparison's
+    verdict (see :func:`compare`) and how many."""
     control: dict[str, int] = field(default_factory=dict)
     """Each pair that is not byte-identical is sent a second time straight to the same replica: how the
     replica's two direct answers compare, by the verdict of the pair (``<pair's verdict> / <control's>``)."""
@@ -549,6 +552,8 @@ async def run(
                 direct = await send(client, direct_urls[via.endpoint], spec, cancel=False)
                 report.compared += 1
                 verdict, how = compare(via, direct)
+                kind = report.verdicts.setdefault("over-context" if expect_refusal else spec.kind, {})
+                kind[verdict] = kind.get(verdict, 0) + 1
                 if verdict != "identical":
                     again = await send(client, direct_urls[via.endpoint], spec, cancel=False)
                     key = f"{verdict} / {compare(direct, again)[0]}"
@@ -673,9 +678,10 @@ def summary_lines(report: Report) -> list[str]:
         f"cancelled by the client: {report.cancelled_asked} asked, "
         f"{report.cancelled_cut} cut before their end",
         f"completed {report.completed}; compared with the replica directly {report.compared}, "
-        f"byte-identical {report.identical}; streams with the same text in differently many events "
+        f"byte-identical {report.identical}; streams with the same text split otherwise over their events "
         f"{len(report.regrouped)}; differing in the generated text only {len(report.text_only)}; "
         f"different otherwise {len(report.mismatches)}",
+        f"verdicts by kind: {json.dumps(report.verdicts, sort_keys=True)}",
         f"those not byte-identical sent straight to the replica twice (pair's verdict / the two direct "
         f"answers'): {dict(sorted(report.control.items()))}",
         f"lost {len(report.lost)}; served by {dict(sorted(report.served_by.items()))}",
