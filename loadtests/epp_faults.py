@@ -243,20 +243,31 @@ async def run_setting(
         ):
             stop = anyio.Event()
 
-            async def loop() -> None:
+            async def loop(number: int) -> None:
                 while not stop.is_set():
-                    sent_in = phase
+                    sent_in, sent_at = phase, time.monotonic()
                     result = await one(client, gw.url, body)
                     counts[sent_in][result.outcome] += 1
                     if result.error is not None:
                         errors[result.error[:160]] += 1
+                    if sent_in == "down" and result.outcome == "ok":
+                        down_ok.append(round(sent_at - started, 3))
+                    if killed_at and result.ended > killed_at and len(first_after[number]) < 3:
+                        first_after[number].append(
+                            f"sent {sent_at - killed_at:+.3f} s, ended {result.ended - killed_at:+.3f} s: "
+                            f"{result.outcome}" + (f" ({result.endpoint})" if result.endpoint else "")
+                        )
 
+            first_after: list[list[str]] = [[] for _ in range(args.clients)]
+            down_ok: list[float] = []
+            killed_at = 0.0
             started = time.monotonic()
             async with anyio.create_task_group() as tg:
-                for _ in range(args.clients):
-                    tg.start_soon(loop)
+                for number in range(args.clients):
+                    tg.start_soon(loop, number)
                 await anyio.sleep(args.before)
                 phase = "down"
+                killed_at = time.monotonic()
                 picker.kill()
                 timeline["killed_s"] = time.monotonic() - started
                 await anyio.sleep(args.down)
@@ -275,6 +286,8 @@ async def run_setting(
         "timeline": timeline,
         "counts": {p: dict(sorted(c.items())) for p, c in counts.items()},
         "errors": dict(errors.most_common()),
+        "first_after_kill": first_after,
+        "down_ok_sent_s": sorted(down_ok),
     }
 
 
@@ -386,6 +399,10 @@ def print_row(row: dict[str, Any]) -> None:
         print(f"  {phase:<7} {total:>6} requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     for error, count in list(row["errors"].items())[:5]:
         print(f"    {count} x {error}")
+    if row.get("down_ok_sent_s"):
+        print(f"    ok in 'down', sent at (s from the start): {row['down_ok_sent_s']}")
+    for number, results in enumerate(row.get("first_after_kill", [])):
+        print(f"    client {number}, the first requests to end after the kill: " + "; ".join(results))
 
 
 if __name__ == "__main__":
