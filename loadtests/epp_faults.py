@@ -268,8 +268,9 @@ async def run_setting(
                 await anyio.sleep(args.before)
                 phase = "down"
                 killed_at = time.monotonic()
-                picker.kill()
-                timeline["killed_s"] = time.monotonic() - started
+                await anyio.to_thread.run_sync(picker.kill)  # the clients go on meanwhile
+                timeline["killed_s"] = killed_at - started
+                timeline["kill_took_s"] = time.monotonic() - killed_at
                 await anyio.sleep(args.down)
                 await picker.start()
                 phase = "after"
