@@ -304,6 +304,8 @@ async def run_replica_kill(
     served: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
     at_kill: dict[str, Any] = {}
     cut_after_s: list[float] = []
+    to_victim: list[str] = []
+    """Requests sent after the kill that the picker still sent to the killed replica."""
     phase = "before"
     killed_at = 0.0
     body = {**BODY, "max_tokens": args.stream_tokens}
@@ -321,7 +323,7 @@ async def run_replica_kill(
 
             async def loop() -> None:
                 while not stop.is_set():
-                    sent_in = phase
+                    sent_in, sent_at = phase, time.monotonic()
                     started_on: list[str | None] = []
                     result = await one(client, gw.url, body, partial(began, started_on))
                     if started_on:
@@ -332,6 +334,11 @@ async def run_replica_kill(
                         errors[result.error[:160]] += 1
                     if result.outcome.startswith("cut") and killed_at:
                         cut_after_s.append(round(result.ended - killed_at, 3))
+                    if sent_in == "after" and result.endpoint == at_kill.get("victim"):
+                        to_victim.append(
+                            f"sent {sent_at - killed_at:+.3f} s, ended {result.ended - killed_at:+.3f} s: "
+                            f"{result.outcome}"
+                        )
 
             started = time.monotonic()
             async with anyio.create_task_group() as tg:
@@ -359,6 +366,7 @@ async def run_replica_kill(
         "counts": {p: dict(sorted(c.items())) for p, c in counts.items()},
         "by_endpoint": {p: dict(sorted(c.items())) for p, c in served.items()},
         "cut_seconds_after_kill": sorted(cut_after_s),
+        "sent_to_the_killed_replica_after": to_victim,
         "errors": dict(errors.most_common()),
     }
 
@@ -395,6 +403,8 @@ def print_row(row: dict[str, Any]) -> None:
             f"(streams in flight {kill.get('streams_in_flight')})"
         )
         print(f"  cut streams ended {row['cut_seconds_after_kill']} s after the kill")
+        for line in row["sent_to_the_killed_replica_after"]:
+            print(f"  sent to the killed replica after the kill: {line}")
     for phase, counts in row["counts"].items():
         total = sum(counts.values())
         print(f"  {phase:<7} {total:>6} requests: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
