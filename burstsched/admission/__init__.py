@@ -4,7 +4,7 @@ The app calls :meth:`Admission.admit` once per request; the parts it is built fr
 grouping and assignment functions, the placement on the scheduler) are exported for tests and reuse.
 """
 
-from burstsched.admission.assign import Limits, Rank, Role, Slot, assign, group_cap
+from burstsched.admission.assign import SHARING_ROLES, Limits, Rank, Role, Slot, assign, group_cap
 from burstsched.admission.clock import Clock, LoopClock, ManualClock
 from burstsched.admission.errors import (
     AdmissionClosed,
@@ -38,6 +38,7 @@ __all__ = [
     "Produced",
     "Rank",
     "Role",
+    "SHARING_ROLES",
     "Slot",
     "Snapshots",
     "assign",

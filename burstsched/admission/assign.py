@@ -33,6 +33,12 @@ class Role(StrEnum):
     BYPASS = "bypass"
 
 
+SHARING_ROLES = frozenset({Role.MEMBER, Role.JOINED})
+"""Roles of a request sent where its group's first request (the leader) computes their shared prefix: it
+computes only what follows that prefix (a member placed with its window's leader, a late member that joined
+its group's endpoint)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Caps on how many requests of one group share one endpoint."""

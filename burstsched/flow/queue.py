@@ -37,7 +37,7 @@ import anyio
 import anyio.abc
 from starlette.types import Receive
 
-from burstsched.admission import Admitted, Role
+from burstsched.admission import SHARING_ROLES, Admitted, Role
 from burstsched.admission.clock import Clock, LoopClock
 from burstsched.admission.grouping import shared_blocks
 from burstsched.admission.placement import first
@@ -175,6 +175,8 @@ class FlowQueue:
         """Queued items' sequence numbers, ascending (arrival order)."""
         self._bands: dict[int, _Band] = {}
         self._models: dict[str, int] = {}
+        self._prefixes: dict[tuple[str, int], int] = {}
+        """Queued requests per (model, group prefix): a request of a queued group waits with it."""
         """Queued requests per model."""
         self._reserved: dict[str, Reserved] = {}
         self._bytes = 0
@@ -231,7 +233,8 @@ class FlowQueue:
         decision = admitted.decision
         room = self._room_now(request.model, decision.ranked[0].name)
         if room is not None and (
-            (room.open and not self._models.get(request.model)) or self._rides_along(request, decision, room)
+            (room.open and not self._models.get(request.model))
+            or (self._rides_along(request, admitted, room) and not self._group_queued(request))
         ):
             return Released(decision, admitted.role, admitted.shared_blocks, 0.0, queued=False)
         config = self._config
@@ -303,6 +306,9 @@ class FlowQueue:
     def _add(self, item: _Item) -> None:
         self._items[item.seq] = item
         self._models[item.request.model] = self._models.get(item.request.model, 0) + 1
+        prefix = self._prefix(item.request)
+        if prefix is not None:
+            self._prefixes[prefix] = self._prefixes.get(prefix, 0) + 1
         self._order.append(item.seq)
         band = self._bands.setdefault(item.identity.priority, _Band())
         band.requests += 1
@@ -321,6 +327,11 @@ class FlowQueue:
         self._models[model] -= 1
         if self._models[model] == 0:
             del self._models[model]
+        prefix = self._prefix(item.request)
+        if prefix is not None:
+            self._prefixes[prefix] -= 1
+            if self._prefixes[prefix] == 0:
+                del self._prefixes[prefix]
         index = bisect.bisect_left(self._order, item.seq)
         del self._order[index]
         band = self._bands[item.identity.priority]
@@ -391,14 +402,31 @@ class FlowQueue:
                 return self._room(endpoint)
         return None
 
-    def _rides_along(self, request: SchedRequest, decision: Decision, room: Room) -> bool:
+    def _prefix(self, request: SchedRequest) -> tuple[str, int] | None:
+        """The group prefix ``request`` would be queued under: its chain hash at the group's last shared
+        block (None: the request is shorter than a group's prefix)."""
+        hashes = request.block_hashes
+        return (request.model, hashes[self._key_at]) if len(hashes) > self._key_at else None
+
+    def _group_queued(self, request: SchedRequest) -> bool:
+        """Requests of ``request``'s group wait in the queue: it waits with them, to be released together
+        (riding along alone, it would compute their prefix where they may not go)."""
+        prefix = self._prefix(request)
+        return prefix is not None and prefix in self._prefixes
+
+    def _rides_along(self, request: SchedRequest, admitted: Admitted, room: Room) -> bool:
         """A request with at most ``ride_along_tokens`` of its prompt to compute on its endpoint goes at
         once, room or not (unless the endpoint is blocked): vLLM schedules so small a prefill with the
-        chunks of the one ahead, so holding it here would only add to its wait."""
+        chunks of the one ahead, so holding it here would only add to its wait. A burst member (or a late
+        member that joined its group) counts only what follows its group's shared prefix, which its leader
+        is computing there now: held, it could be released elsewhere and split the burst."""
         limit = self._config.headroom.ride_along_tokens
         if limit <= 0 or room.blocked:
             return False
-        return uncached_tokens(request, decision.matches.get(room.name)) <= limit
+        own = uncached_tokens(request, admitted.decision.matches.get(room.name))
+        if admitted.role in SHARING_ROLES:
+            own = min(own, max(0, request.prompt_tokens - admitted.shared_blocks * request.block_tokens))
+        return own <= limit
 
     def _room(self, endpoint: EndpointSnapshot) -> Room:
         return room_of(endpoint, self._config.headroom, self._reserved.get(endpoint.name))

@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from starlette.types import Receive
 
-from burstsched.admission import AdmissionClosed, AdmissionQueueFull, Admitted, NoEndpointAvailable, Role
+from burstsched.admission import (
+    SHARING_ROLES,
+    AdmissionClosed,
+    AdmissionQueueFull,
+    Admitted,
+    NoEndpointAvailable,
+    Role,
+)
 from burstsched.flow import Disconnected, FlowRefused, Identity, Released, identify
 from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest
 from burstsched.front.plugin_headers import plugin_request_headers
@@ -46,10 +53,6 @@ log = logging.getLogger(__name__)
 
 Allowed = Callable[[EndpointSnapshot], bool]
 """Whether an endpoint may take the request (the gateway's subset); None: every endpoint may."""
-
-SHARING_ROLES = frozenset({"member", "joined"})
-"""Admission roles of a request sent where its group's first request computes their shared prefix: a member
-placed with its window's leader, and a late member that joined its group's endpoint after the window."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -453,3 +453,38 @@ async def test_a_warm_request_rides_along_without_room_a_cold_one_waits() -> Non
 
     await run(h, steps)
     assert h.endpoint("warm") == "e1"
+
+
+async def test_a_burst_member_rides_along_unless_its_group_waits_in_the_queue() -> None:
+    """A member of a burst group (its leader computes the group's 8 shared blocks on e1 now) has only its
+    question to compute there: it goes at once though e1 has no room. A member whose group waits in the
+    queue (its leader held) waits with it, and they are released together, to one endpoint."""
+    h = Harness(flow_config(headroom=HeadroomConfig(max_prefill_requests=2, ride_along_tokens=64)))
+    h.pool.full("e1", "e2")
+
+    def member_of(r: SchedRequest) -> Admitted:
+        decision = h.sched.schedule(r, h.pool("m"))
+        return Admitted(decision, 1, "1.0", Role.MEMBER, 2, 8, 0.0)
+
+    def submit_member(tg: anyio.abc.TaskGroup, r: SchedRequest) -> None:
+        async def hold() -> None:
+            h.results[r.request_id] = await h.queue.hold(r, member_of(r), Identity(0, "default"), 100)
+
+        tg.start_soon(hold)
+
+    async def steps(tg: anyio.abc.TaskGroup) -> None:
+        submit_member(tg, doc("member", 3, question=1))
+        await settle()
+        assert h.released("member").queued is False  # its leader is computing the document: it rides along
+        h.submit(tg, doc("leader", 4))  # a cold leader: no room, it waits
+        await settle()
+        assert "leader" not in h.results
+        submit_member(tg, doc("member-of-waiting", 4, question=1))
+        await settle()
+        assert "member-of-waiting" not in h.results  # its group waits: so does it
+        h.pool.room("e1", "e2")
+        h.queue.release_pass()
+        await settle()
+
+    await run(h, steps)
+    assert h.endpoint("leader") == h.endpoint("member-of-waiting")
