@@ -55,6 +55,7 @@ import anyio
 import httpx
 
 from burstsched.sim import SimConfig, SimPool
+from burstsched.workloads.docqa import common_prefix_length
 from burstsched.workloads.gateway import EnvoyMode, gateway_process
 
 MODEL = "kv-demo"
@@ -308,15 +309,6 @@ def structure(body: bytes, stream: bool) -> tuple[Any, dict[int, str]] | None:
         return None
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _collapsed(items: Sequence[Any]) -> list[Any]:
     """``items`` with each run of equal consecutive items kept once."""
     kept: list[Any] = []
@@ -397,7 +389,9 @@ def compare(a: Outcome, b: Outcome) -> tuple[Verdict, str]:
     texts = []
     for index in sorted(set(left[1]) | set(right[1])):
         one, two = left[1].get(index, ""), right[1].get(index, "")
-        texts.append(f"choice {index}: {len(one)}/{len(two)} chars, first {_common_prefix(one, two)} equal")
+        texts.append(
+            f"choice {index}: {len(one)}/{len(two)} chars, first {common_prefix_length(one, two)} equal"
+        )
     return "text_only", f"{head}; only the generated text differs ({'; '.join(texts)})"
 
 

@@ -124,7 +124,7 @@ def document_text(seed: int, document: int, lines: int) -> str:
     return context_text(f"doc-{document}-corpus-{seed}", lines, seed * 1_000_003 + document)
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence[object], b: Sequence[object]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:

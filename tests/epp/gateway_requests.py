@@ -3,6 +3,7 @@ tests (llm-d's standalone mode, Envoy AI Gateway's)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import uuid
@@ -58,3 +59,19 @@ async def each_api(client: httpx.AsyncClient, headers: Mapping[str, str] | None 
         assert choices[-1]["finish_reason"] == "length"
         assert len(choices) >= 12  # 12 tokens (a chat stream opens with its role)
     return served
+
+
+async def burst_landings(client: httpx.AsyncClient, rng: random.Random, bursts: int = 4) -> list[set[str]]:
+    """``bursts`` bursts of 8 chat requests, each burst sharing a new 6 KB context sent at once; the
+    endpoints each burst was served by (``x-burstsched-endpoint``)."""
+    landed: list[set[str]] = []
+    for _ in range(bursts):
+        context = words(rng, 6_000)
+
+        async def one(i: int, context: str = context) -> str:
+            response = await client.post("/v1/chat/completions", json=chat(f"{context}\nQuestion {i}?"))
+            assert response.status_code == 200, response.text
+            return response.headers["x-burstsched-endpoint"]
+
+        landed.append(set(await asyncio.gather(*(one(i) for i in range(8)))))
+    return landed

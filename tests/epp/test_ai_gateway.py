@@ -5,7 +5,6 @@ destination header), in front of simulated replicas, all on 127.0.0.1."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +20,7 @@ from burstsched.epp.tls import self_signed
 from burstsched.epp.wire import endpoint_address
 from burstsched.sim import SimPool
 from burstsched.workloads.gateway import DESTINATION, EnvoyMode, ai_gateway_config, ai_gateway_mode, envoy
-from tests.epp.gateway_requests import chat, each_api, words
+from tests.epp.gateway_requests import burst_landings, chat, each_api
 from tests.router.helpers import router_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,21 +125,9 @@ async def test_a_burst_sharing_a_new_prefix_lands_on_one_replica(
 ) -> None:
     """Burst admission through AI Gateway's configuration: each burst of 8 sharing a new prefix is served by
     one replica (the one each replica's own record shows), and the bursts do not all pile on one."""
-    rng = random.Random(11)
-    landed: list[set[str]] = []
     async with gateway(sims, envoy_path, workdir, mode) as client:
         with anyio.fail_after(60):
-            for _ in range(4):
-                context = words(rng, 6_000)
-
-                async def one(i: int, context: str = context) -> str:
-                    response = await client.post(
-                        "/v1/chat/completions", json=chat(f"{context}\nQuestion {i}?")
-                    )
-                    assert response.status_code == 200, response.text
-                    return response.headers["x-burstsched-endpoint"]
-
-                landed.append(set(await asyncio.gather(*(one(i) for i in range(8)))))
+            landed = await burst_landings(client, random.Random(11))
     assert all(len(s) == 1 for s in landed), landed
     assert len(set().union(*landed)) == 2, landed
     for index in (0, 1):  # each replica's own record agrees with the picker's header

@@ -19,7 +19,7 @@ from burstsched.epp.service import RunningEpp, running_epp
 from burstsched.epp.wire import endpoint_address
 from burstsched.sim import SimPool
 from burstsched.workloads.gateway import DESTINATION, EnvoyMode, RunningEnvoy, envoy
-from tests.epp.gateway_requests import chat, each_api, words
+from tests.epp.gateway_requests import burst_landings, chat, each_api, words
 from tests.router.helpers import eventually, router_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,22 +88,9 @@ async def test_a_burst_sharing_a_new_prefix_lands_on_one_replica(
 ) -> None:
     """Burst admission through the gateway: each burst of 8 sharing a new prefix goes to one replica, and the
     bursts of different prefixes do not all pile on one."""
-    rng = random.Random(11)
-    landed: list[set[str]] = []
     async with gateway(sims, envoy_path, workdir, yaml_name="default.yaml") as (_, _, client):
         with anyio.fail_after(60):
-            for _ in range(4):
-                context = words(rng, 6_000)
-
-                async def one(i: int, context: str = context) -> str:
-                    response = await client.post(
-                        "/v1/chat/completions", json=chat(f"{context}\nQuestion {i}?")
-                    )
-                    assert response.status_code == 200, response.text
-                    return response.headers["x-burstsched-endpoint"]
-
-                results = await asyncio.gather(*(one(i) for i in range(8)))
-                landed.append(set(results))
+            landed = await burst_landings(client, random.Random(11))
     assert all(len(s) == 1 for s in landed), landed
     assert len(set().union(*landed)) == 2, landed
 
