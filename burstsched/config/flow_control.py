@@ -160,10 +160,11 @@ class FlowControlConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     enabled: bool = Field(
-        default=False,
+        default=True,
         description="Hold requests in the router while the endpoint they would go to has no room (see "
-        "headroom), and release them by priority, fairness and prefix as endpoints get room. Off: every "
-        "request is sent at once and waits in the replica's own queue.",
+        "headroom), and release them by priority, fairness and prefix as endpoints get room. On by default: "
+        "at light load nothing waits, and past capacity it keeps the cache-aware order. Off: every request "
+        "is sent at once and waits in the replica's own queue.",
     )
     headroom: HeadroomConfig = Field(default_factory=HeadroomConfig)
     max_reorder_ms: float = Field(

@@ -212,11 +212,10 @@ def _translate_picker_config(
         flow_explain,
     )
     data = _assemble(plugins, profile, issues, notes)
-    if flow_control is not None:
-        data["flow_control"] = flow_control
+    data["flow_control"] = flow_control
     admitter = translate_admitter(flow_plugins, issues)
     if admitter is not None:
-        data.setdefault("flow_control", {})["admitter"] = admitter
+        flow_control["admitter"] = admitter
     explain += [_explain(plugin, profile) for plugin in plugins.values()]
     explain += flow_explain
     return data

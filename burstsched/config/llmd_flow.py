@@ -2,8 +2,8 @@
 
 llm-d turns its queue on with the ``flowControl`` feature gate (off by default); the ``flowControl``
 section tunes it, and without the gate llm-d ignores every setting there but ``saturationDetector``. So
-here: the gate turns ``flow_control.enabled`` on, and a section without it is read, checked and noted, and
-changes nothing.
+here: the gate turns ``flow_control.enabled`` on; without it ``flow_control.enabled`` is false (burstsched's
+queue is on by default, llm-d's is not), and the section is read, checked and noted, and changes nothing.
 
 ================================= ======================================================================
 llm-d                             burstsched ``flow_control``
@@ -267,9 +267,10 @@ def translate_flow_control(
     issues: list[ConfigIssue],
     notes: list[str],
     explain: list[str],
-) -> dict[str, Any] | None:
-    """``flowControl`` (and the deprecated top-level ``saturationDetector``) → ``flow_control``, or ``None``
-    when the gate is off. Issues, notes and explain lines are appended."""
+) -> dict[str, Any]:
+    """``flowControl`` (and the deprecated top-level ``saturationDetector``) → ``flow_control``; with the gate
+    off, ``{"enabled": False}``: llm-d holds no request in its queue then, so burstsched's queue (on by
+    default) is turned off. Issues, notes and explain lines are appended."""
     p = Params(section, "flowControl", _SECTION, issues)
     max_bytes = p.quantity("maxBytes")
     max_requests = p.quantity("maxRequests")
@@ -294,9 +295,10 @@ def translate_flow_control(
         if settings:
             notes.append(
                 "flowControl: the flowControl feature gate is off, so llm-d ignores this section but its "
-                "saturationDetector, and burstsched's flow_control stays off"
+                "saturationDetector, and burstsched's flow_control is off"
             )
-        return None
+        explain.append("flow_control.enabled: false (the flowControl feature gate is off, as in llm-d)")
+        return {"enabled": False}
     if eviction:
         issues.append(
             ConfigIssue(

@@ -13,6 +13,10 @@ first token or end, a scrape) and every ``tick`` while anything waits, what goes
   (the most of their prompt some endpoint holds), then the oldest;
 - with per-priority ceilings (:mod:`.ceiling`), a band dispatches only while the pool's room in use is
   below its ceiling; the pass holds it and every lower band;
+- a request of a prefix that went to an endpoint in the last ``follow_s`` (a burst member that rode along,
+  a group this queue released) follows it there: sent elsewhere, it would compute that prefix again. It
+  rides along when what it adds past the shared prefix is small; a queued group following an endpoint goes
+  there when that endpoint has room;
 - each group is ranked by the scheduler, as admission would, over the endpoints with the groups taken
   before it in this pass counted as their load; it goes when its first endpoint has room. Otherwise it waits
   for that endpoint (a warm group waits for its cache rather than computing its prefix again elsewhere), its
@@ -158,6 +162,7 @@ class FlowQueue:
         *,
         min_shared_blocks: int,
         max_per_endpoint: int,
+        follow_s: float = 0.0,
         room_source: RoomSource | None = None,
         metrics: FlowMetrics | None = None,
         clock: Clock | None = None,
@@ -167,6 +172,10 @@ class FlowQueue:
         self._snapshots = snapshots
         self._key_at = min_shared_blocks - 1
         self._max_per_endpoint = max_per_endpoint
+        self._follow_s = follow_s
+        self._sent: dict[tuple[str, int], _Sent] = {}
+        """Per (model, group prefix): where its last request went, until ``follow_s`` after."""
+        self._sweep_at = 64
         self._room_source = room_source
         self._metrics = metrics
         self._clock: Clock = clock or LoopClock()
@@ -177,7 +186,6 @@ class FlowQueue:
         self._models: dict[str, int] = {}
         self._prefixes: dict[tuple[str, int], int] = {}
         """Queued requests per (model, group prefix): a request of a queued group waits with it."""
-        """Queued requests per model."""
         self._reserved: dict[str, Reserved] = {}
         self._bytes = 0
         self._seq = 0
@@ -231,11 +239,16 @@ class FlowQueue:
         :class:`Disconnected` (``receive``: the client's ASGI receive, watched for its disconnect)."""
         now = self._clock.now()
         decision = admitted.decision
+        sent = self._following(request, now)
+        if sent is not None and _unknown_there(request, decision, sent):
+            decision = first(decision, sent.endpoint)
+            admitted = dataclasses.replace(admitted, decision=decision)
         room = self._room_now(request.model, decision.ranked[0].name)
         if room is not None and (
             (room.open and not self._models.get(request.model))
-            or (self._rides_along(request, admitted, room) and not self._group_queued(request))
+            or (self._rides_along(request, admitted, room, sent) and not self._group_queued(request))
         ):
+            self._note_sent(request, room.name, now)
             return Released(decision, admitted.role, admitted.shared_blocks, 0.0, queued=False)
         config = self._config
         if identity.sheddable:
@@ -414,18 +427,41 @@ class FlowQueue:
         prefix = self._prefix(request)
         return prefix is not None and prefix in self._prefixes
 
-    def _rides_along(self, request: SchedRequest, admitted: Admitted, room: Room) -> bool:
+    def _following(self, request: SchedRequest, now: float) -> _Sent | None:
+        """Where the last request of ``request``'s group prefix went, in the last ``follow_s``."""
+        prefix = self._prefix(request)
+        sent = self._sent.get(prefix) if prefix is not None else None
+        if sent is None or sent.until <= now:
+            return None
+        return sent
+
+    def _note_sent(self, request: SchedRequest, endpoint: str, now: float) -> None:
+        """``request`` goes to ``endpoint`` now: later requests of its group prefix follow it there."""
+        prefix = self._prefix(request)
+        if prefix is None or self._follow_s <= 0:
+            return
+        self._sent[prefix] = _Sent(endpoint, request.block_hashes, now + self._follow_s)
+        if len(self._sent) >= self._sweep_at:
+            self._sent = {k: v for k, v in self._sent.items() if v.until > now}
+            self._sweep_at = max(64, 2 * len(self._sent))
+
+    def _rides_along(
+        self, request: SchedRequest, admitted: Admitted, room: Room, sent: _Sent | None = None
+    ) -> bool:
         """A request with at most ``ride_along_tokens`` of its prompt to compute on its endpoint goes at
         once, room or not (unless the endpoint is blocked): vLLM schedules so small a prefill with the
         chunks of the one ahead, so holding it here would only add to its wait. A burst member (or a late
         member that joined its group) counts only what follows its group's shared prefix, which its leader
-        is computing there now: held, it could be released elsewhere and split the burst."""
+        is computing there now: held, it could be released elsewhere and split the burst. So does a request
+        following its group prefix to where it went (``sent``), past the prefix it shares with that one."""
         limit = self._config.headroom.ride_along_tokens
         if limit <= 0 or room.blocked:
             return False
         own = uncached_tokens(request, admitted.decision.matches.get(room.name))
         if admitted.role in SHARING_ROLES:
-            own = min(own, max(0, request.prompt_tokens - admitted.shared_blocks * request.block_tokens))
+            own = min(own, _past(request, admitted.shared_blocks))
+        if sent is not None and sent.endpoint == room.name:
+            own = min(own, _past(request, shared_blocks(sent.chain, request.block_hashes)))
         return own <= limit
 
     def _room(self, endpoint: EndpointSnapshot) -> Room:
@@ -545,7 +581,11 @@ class FlowQueue:
                 continue
             members = members[: self._max_per_endpoint]
             own = _own_tokens(members, decision)
-            target = _target(ranked, rooms, backlog, own, overdue, self._config.stay_margin)
+            sent = self._following(as_one, now)
+            if sent is not None and sent.endpoint in rooms and rooms[sent.endpoint].open:
+                target: str | None = sent.endpoint
+            else:
+                target = _target(ranked, rooms, backlog, own, overdue, self._config.stay_margin)
             if target is None:
                 pending[ranked[0]] = pending.get(ranked[0], 0) + len(members)
                 backlog.add(ranked[0], own(ranked[0]))
@@ -609,6 +649,7 @@ class FlowQueue:
         leader = members[0].request
         chosen = first(decision, target)
         match = decision.matches.get(target)
+        self._note_sent(leader, target, now)
         for index, item in enumerate(members):
             request = item.request
             if index == 0:
@@ -620,6 +661,32 @@ class FlowQueue:
                 released = Released(chosen, Role.MEMBER, shared, now - item.since, queued=True)
             room.take(tokens)
             self._release(item, released, target, tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """Where a group prefix's last request went (``chain``: its block hashes), and until when others
+    follow it."""
+
+    endpoint: str
+    chain: Sequence[Hashable]
+    until: float
+
+
+def _unknown_there(request: SchedRequest, decision: Decision, sent: _Sent) -> bool:
+    """The decision's first endpoint is not ``sent``'s and is not known to hold the prefix ``request``
+    shares with ``sent``'s request (a gap the prefix index has not caught up with): it follows ``sent``."""
+    name = decision.ranked[0].name
+    if name == sent.endpoint:
+        return False
+    shared = shared_blocks(sent.chain, request.block_hashes)
+    match = decision.matches.get(name)
+    return match is None or match.matched_blocks * match.block_tokens < shared * request.block_tokens
+
+
+def _past(request: SchedRequest, shared: int) -> int:
+    """``request``'s prompt tokens past its first ``shared`` blocks."""
+    return max(0, request.prompt_tokens - shared * request.block_tokens)
 
 
 class _Backlog:

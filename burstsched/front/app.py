@@ -434,6 +434,7 @@ def create_app(
                     pool.snapshots,
                     min_shared_blocks=config.admission.min_shared_blocks,
                     max_per_endpoint=config.admission.max_per_endpoint,
+                    follow_s=config.admission.late_members_ms / 1000.0,
                     room_source=pool,
                     metrics=metrics,
                 )

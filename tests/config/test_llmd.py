@@ -88,8 +88,11 @@ def test_llmd_prefix_aware_builds_the_same_scheduler_as_prefix_aware() -> None:
     assert llmd.config.pool.selector is not None
     assert llmd.config.pool.selector.match_labels == {"app": "vllm-llama3"}
     assert llmd.config.pool.selector.target_port == 8000
-    rest = {"plugins", "profile", "pool"}
+    # llm-d queues nothing without its flowControl feature gate, which the file leaves off; ours is on
+    assert not llmd.config.flow_control.enabled and native.flow_control.enabled
+    rest = {"plugins", "profile", "pool", "flow_control"}
     assert llmd.config.model_dump(exclude=rest) == native.model_dump(exclude=rest)
+    assert llmd.config.flow_control.model_copy(update={"enabled": True}) == native.flow_control
     assert llmd.config.pool.model_copy(update={"selector": None}) == native.pool
     built_llmd, built_native = _build(llmd.config), _build(native)
     for slot in ("producers", "filters"):

@@ -16,6 +16,7 @@ import anyio.lowlevel
 import pytest
 
 from burstsched.admission import Admitted, ManualClock, Role
+from burstsched.admission.placement import first
 from burstsched.config import parse_config_text
 from burstsched.config.flow_control import FlowControlConfig, HeadroomConfig, QueueBoundsConfig
 from burstsched.flow import Disconnected, FlowQueue, FlowRefused, Identity, Released
@@ -83,7 +84,10 @@ def admitted_to(sched: Scheduler, pool: Pool, r: SchedRequest) -> Admitted:
 
 class Harness:
     def __init__(
-        self, config: FlowControlConfig | None = None, names: tuple[str, ...] = ("e1", "e2")
+        self,
+        config: FlowControlConfig | None = None,
+        names: tuple[str, ...] = ("e1", "e2"),
+        follow_s: float = 0.0,
     ) -> None:
         self.pool = Pool(*names)
         self.sched = scheduler()
@@ -94,6 +98,7 @@ class Harness:
             self.pool,
             min_shared_blocks=4,
             max_per_endpoint=32,
+            follow_s=follow_s,
             clock=self.clock,
         )
         self.results: dict[str, Released | BaseException] = {}
@@ -488,3 +493,50 @@ async def test_a_burst_member_rides_along_unless_its_group_waits_in_the_queue() 
 
     await run(h, steps)
     assert h.endpoint("leader") == h.endpoint("member-of-waiting")
+
+
+async def test_a_request_follows_its_group_prefix_to_where_it_went() -> None:
+    """A burst's members may reach the queue before their leader, or after the queue released it: either
+    way they go where their group went, or the second endpoint computes the whole prefix again. (1) A member
+    of document 5 rides along to the endpoint admission chose; its leader, admitted to the other endpoint
+    (it arrives later, all endpoints full), follows the member there at once. (2) A queued cold leader of
+    document 6 is released to e2, the endpoint that got room; a late member admitted to e1 follows it to e2.
+    After ``follow_s`` the table forgets: a request goes where it was admitted."""
+    h = Harness(
+        flow_config(headroom=HeadroomConfig(max_prefill_requests=2, ride_along_tokens=64)), follow_s=2.0
+    )
+    h.pool.full("e1", "e2")
+
+    def hold_as(tg: anyio.abc.TaskGroup, r: SchedRequest, role: Role, endpoint: str) -> None:
+        decision = first(h.sched.schedule(r, h.pool("m")), endpoint)
+        admitted = Admitted(decision, 1, "1.0", role, 2, 8 if role is not Role.LEADER else 0, 0.0)
+
+        async def hold() -> None:
+            h.results[r.request_id] = await h.queue.hold(r, admitted, Identity(0, "default"), 100)
+
+        tg.start_soon(hold)
+
+    async def steps(tg: anyio.abc.TaskGroup) -> None:
+        hold_as(tg, doc("member-5", 5, question=1), Role.MEMBER, "e1")
+        await settle()
+        assert h.endpoint("member-5") == "e1" and not h.released("member-5").queued
+        hold_as(tg, doc("leader-5", 5), Role.LEADER, "e2")
+        await settle()
+        assert h.endpoint("leader-5") == "e1" and not h.released("leader-5").queued
+        hold_as(tg, doc("leader-6", 6), Role.LEADER, "e1")
+        await settle()
+        assert "leader-6" not in h.results  # cold, no room: it waits
+        h.pool.room("e2")
+        h.queue.release_pass()
+        await settle()
+        assert h.endpoint("leader-6") == "e2"
+        h.pool.full("e2")
+        hold_as(tg, doc("late-6", 6, question=2), Role.JOINED, "e1")
+        await settle()
+        assert h.endpoint("late-6") == "e2" and not h.released("late-6").queued
+        h.clock.advance(2.5)  # past follow_s: admission's choice stands
+        hold_as(tg, doc("later-6", 6, question=3), Role.JOINED, "e1")
+        await settle()
+        assert h.endpoint("later-6") == "e1"
+
+    await run(h, steps)

@@ -48,6 +48,10 @@ def test_flow_control_replays_on_virtual_time_holding_requests_and_losing_none()
     assert first.ttft_by_request_ms == again.ttft_by_request_ms
     assert (first.hit_rate, first.flow_outcomes) == (again.hit_rate, again.flow_outcomes)
     unqueued = run_config(
-        "default", config.model_copy(update={"flow_control": FlowControlConfig()}), requests, prompts, options
+        "default",
+        config.model_copy(update={"flow_control": FlowControlConfig(enabled=False)}),
+        requests,
+        prompts,
+        options,
     )
     assert unqueued.ok == 150 and not unqueued.flow_outcomes

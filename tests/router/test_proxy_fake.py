@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest
 
-from burstsched.config import LimitsConfig, MetricsConfig
+from burstsched.config import FlowControlConfig, LimitsConfig, MetricsConfig
 from burstsched.server.serve import RunningRouter, running_router
 from burstsched.sim import Faults
 from burstsched.testing.replicas import LONG_ANSWER, MODEL, Replica, gated_replica, sim_replicas
@@ -33,6 +33,8 @@ async def router(replicas: list[Replica]) -> AsyncIterator[RunningRouter]:
         [(r.name, r.url) for r in replicas],
         limits=LimitsConfig(max_body_bytes=1024 * 1024),
         metrics=MetricsConfig(timing_every=1),  # every scheduling cycle timed: the metric counts are exact
+        # with no healthy endpoint a request waits this long for one (a pool scaling from zero), then 503
+        flow_control=FlowControlConfig(no_endpoint_wait_ms=300),
     )
     async with running_router(config) as running:
         yield running
