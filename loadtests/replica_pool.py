@@ -38,6 +38,13 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="simulator only (vLLM on CPU: 128)")
     parser.add_argument("--time-scale", type=float, default=0.1, help="simulator only")
     parser.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="the replicas' --scheduling-policy (priority: they serve lower `priority` values first, e.g. "
+        "with burstsched's flow_control.engine_priority)",
+    )
+    parser.add_argument(
         "--replica-cpu-quota",
         type=float,
         default=None,
@@ -48,11 +55,16 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def replicas_setup(args: argparse.Namespace) -> str:
-    """The report's line on the replicas: how many, and their CPU cap if any."""
+    """The report's line on the replicas: how many, their CPU cap if any, their scheduling policy if not
+    FCFS."""
     quota = getattr(args, "replica_cpu_quota", None)
-    if quota is None or args.backend != "vllm":
-        return str(args.replicas)
-    return f"{args.replicas}, each capped at {quota:g} CPU (a cgroup quota over all its processes)"
+    line = str(args.replicas)
+    if quota is not None and args.backend == "vllm":
+        line += f", each capped at {quota:g} CPU (a cgroup quota over all its processes)"
+    policy = getattr(args, "scheduling_policy", "fcfs")
+    if policy != "fcfs":
+        line += f", scheduling policy {policy}"
+    return line
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +109,7 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
             max_model_len=max_model_len,
             kv_events_endpoint="tcp://127.0.0.1:*",
             kv_events_replay_endpoint="tcp://127.0.0.1:*",
+            scheduling_policy=args.scheduling_policy,
         )
         async with SimPool(args.replicas, config, record_requests=True) as pool:
             router_args = event_args(pool.names, pool.kv_events_endpoints, pool.kv_events_replay_endpoints)
@@ -116,6 +129,7 @@ async def open_pool(args: argparse.Namespace, kv_blocks: int, max_model_len: int
         kv_events=True,
         cpu_quota_cores=args.replica_cpu_quota,
         record_request_ids=True,
+        extra_args=("--scheduling-policy", args.scheduling_policy),
     )
     async with real_vllm_pool(args.replicas, vllm) as pool:
         router_args = event_args(

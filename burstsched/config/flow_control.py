@@ -229,3 +229,11 @@ class FlowControlConfig(BaseModel):
         "objective.",
     )
     default_priority: int = Field(default=0, description="The priority of a request nothing else sets.")
+    engine_priority: bool = Field(
+        default=False,
+        description="Also send each request's priority to its replica, as vLLM's `priority` request field "
+        "(negated: vLLM serves lower values first), unless the client set that field itself. Needs replicas "
+        "started with `--scheduling-policy priority`: they then serve the queue's higher bands first among "
+        "the requests they already hold, and preempt the lowest first (some vLLM versions refuse a nonzero "
+        "`priority` under FCFS). `burstsched serve` only: a gateway forwards the client's body as it is.",
+    )

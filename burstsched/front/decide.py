@@ -40,6 +40,7 @@ from burstsched.admission import (
 )
 from burstsched.flow import Disconnected, FlowRefused, Identity, Released, identify
 from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest
+from burstsched.front.engine_priority import with_engine_priority
 from burstsched.front.plugin_headers import plugin_request_headers
 from burstsched.front.request import ParsedRequest, RequestError, parse_request
 from burstsched.scheduling import NoEndpointsError
@@ -196,6 +197,8 @@ async def decide(
     router.metrics.observe_decision(decision)
     if router.prewarmer is not None:
         router.prewarmer.consider(api, parsed.payload, request, decision)
+    if router.config.flow_control.engine_priority:
+        parsed = with_engine_priority(parsed, identity.priority)
     return Decided(parsed, request, admitted, decision, role, shared_blocks, identity, capped)
 
 

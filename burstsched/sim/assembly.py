@@ -61,6 +61,7 @@ class ReplicaParts:
             max_waiting_requests=cfg.max_waiting_requests,
             enable_prefix_caching=cfg.enable_prefix_caching,
             max_loras=cfg.max_loras if cfg.lora_modules else 0,
+            scheduling_policy=cfg.scheduling_policy,
         )
         engine = Engine(
             limits,

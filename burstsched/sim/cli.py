@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="LoRA adapters served besides the base model (as vLLM's; the path is ignored)",
     )
     parser.add_argument("--max-loras", type=int, default=d.max_loras, help="adapters that may run at once")
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default=d.scheduling_policy,
+        help="as vLLM's: priority serves requests with a lower `priority` field first",
+    )
     parser.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     parser.add_argument("--max-model-len", type=int, default=None, help="default: min(16384, KV capacity)")
     parser.add_argument(
@@ -119,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         lora_modules=tuple(module.partition("=")[0] for module in args.lora_modules),
         max_loras=args.max_loras,
+        scheduling_policy=args.scheduling_policy,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,

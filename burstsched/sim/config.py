@@ -55,6 +55,8 @@ class SimConfig:
     enable_prompt_tokens_details: bool = True
     lora_modules: tuple[str, ...] = ()
     max_loras: int = 1
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """vLLM's ``--scheduling-policy``: ``priority`` serves lower ``priority`` values first."""
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:

@@ -6,7 +6,10 @@ Each step (as ``vllm/v1/core/sched/scheduler.py`` does it):
    (``max_num_batched_tokens``), a partly prefilled prompt takes as much as is left (chunked prefill).
    When blocks run out, the most recently admitted running request is preempted (blocks freed, back
    to the head of the waiting queue, recomputed later) until the allocation fits.
-2. Then, if nothing was preempted, waiting requests in FIFO order while the budget lasts and fewer
+   With the ``priority`` scheduling policy the victim is the running request with the largest
+   ``(priority, arrival_time)`` instead, and it goes back into the waiting queue in that order.
+2. Then, if nothing was preempted, waiting requests in their queue's order (FIFO; with the ``priority``
+   policy, lowest ``(priority, arrival_time)`` first, as vLLM's heap) while the budget lasts and fewer
    than ``max_num_seqs`` run. A request scheduled for the first time looks up its longest cached
    prefix, capped at ``prompt_len - 1`` tokens (the last token is always recomputed for its logits),
    whole blocks only; those tokens are hits (``prefix_cache_queries`` += prompt tokens,
@@ -26,6 +29,7 @@ on an idle one. The engine is single-task: all state changes happen on the event
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -85,6 +89,8 @@ class EngineRequest:
     cache_salt: str | None = None
     lora_name: str | None = None
     arrival_time: float = 0.0
+    priority: int = 0
+    """Lower is served earlier, under the ``priority`` scheduling policy only (vLLM's request field)."""
     all_token_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -120,6 +126,11 @@ class EngineRequest:
     def prefill_computed_tokens(self) -> int:
         """New KV tokens computed for the prompt (``vllm:request_prefill_kv_computed_tokens``)."""
         return max(0, self.num_prompt_tokens - max(0, self.num_cached_tokens))
+
+
+def _urgency(req: EngineRequest) -> tuple[int, float]:
+    """The priority policy's order (vLLM's ``Request.__lt__``): lower priority value first, then arrival."""
+    return (req.priority, req.arrival_time)
 
 
 class EngineStats(Protocol):
@@ -200,6 +211,9 @@ class EngineLimits:
     enable_prefix_caching: bool = True
     max_loras: int = 0
     """LoRA adapters that may run at once (0: the engine serves no adapter)."""
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """vLLM's ``--scheduling-policy``: ``priority`` orders the waiting queue and picks preemption victims by
+    each request's ``(priority, arrival_time)``."""
 
 
 class Engine:
@@ -269,7 +283,7 @@ class Engine:
         req.queued_time = self.clock.now()
         req.status = Status.WAITING
         self._requests[req.request_id] = req
-        self._waiting.append(req)
+        self._enqueue(req, at_head=False)
         self._wakeup.set()
 
     def abort(self, request_id: str) -> None:
@@ -367,7 +381,7 @@ class Engine:
                 i += 1
                 continue
             while not self._allocate(req, num_new, []):
-                victim = self._running[-1]
+                victim = self._victim()
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -453,8 +467,28 @@ class Engine:
         req.num_preemptions += 1
         req.epoch += 1
         req.status = Status.WAITING
-        self._waiting.appendleft(req)
+        self._enqueue(req, at_head=True)
         self._stats.preemption()
+
+    def _by_priority(self) -> bool:
+        return self.limits.scheduling_policy == "priority"
+
+    def _victim(self) -> EngineRequest:
+        """The running request to preempt: the last admitted (FCFS), or the least urgent (priority)."""
+        if self._by_priority():
+            return max(self._running, key=_urgency)
+        return self._running[-1]
+
+    def _enqueue(self, req: EngineRequest, *, at_head: bool) -> None:
+        """Into the waiting queue: at its tail (new) or head (preempted) under FCFS; in
+        ``(priority, arrival_time)`` order under the priority policy."""
+        if self._by_priority():
+            keys = [_urgency(r) for r in self._waiting]
+            self._waiting.insert(bisect.bisect_right(keys, _urgency(req)), req)
+        elif at_head:
+            self._waiting.appendleft(req)
+        else:
+            self._waiting.append(req)
 
     def _free(self, req: EngineRequest) -> None:
         self.cache.free(reversed(req.block_ids))

@@ -145,6 +145,7 @@ class ChatRequest:
     tools: list[Any] | None = None
     chat_template_kwargs: Json = field(default_factory=dict)
     cache_salt: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +155,7 @@ class CompletionRequest:
     sampling: Sampling
     add_special_tokens: bool = True
     cache_salt: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +277,7 @@ def parse_chat(body: Json) -> ChatRequest:
         tools=tools,
         chat_template_kwargs=kwargs,
         cache_salt=_opt_str(body, "cache_salt"),
+        priority=_opt_int(body, "priority") or 0,
     )
 
 
@@ -314,6 +317,7 @@ def parse_completion(body: Json) -> CompletionRequest:
         sampling=_sampling(body, max_tokens_names=("max_tokens",)),
         add_special_tokens=_opt_bool(body, "add_special_tokens", True),
         cache_salt=_opt_str(body, "cache_salt"),
+        priority=_opt_int(body, "priority") or 0,
     )
 
 

@@ -217,6 +217,8 @@ class _Prepared:
     cache_salt: str | None
     lora: str | None = None
     """The LoRA adapter the request named as its model (None: the base model)."""
+    priority: int = 0
+    """vLLM's ``priority`` (lower is served earlier; only a ``priority`` scheduling policy reads it)."""
 
 
 class _Handlers:
@@ -298,7 +300,7 @@ class _Handlers:
                 extra=chat.chat_template_kwargs,
             )
             ids = self.s.tokenizer.encode(text, add_special_tokens=False)
-            sampling, salt = chat.sampling, chat.cache_salt
+            sampling, salt, priority = chat.sampling, chat.cache_salt, chat.priority
         else:
             comp = parse_completion(body)
             lora = check_model(comp.model, self.s.config.served_model_name, self.s.config.lora_modules)
@@ -306,13 +308,13 @@ class _Handlers:
                 ids = self.s.tokenizer.encode(comp.prompt, add_special_tokens=comp.add_special_tokens)
             else:
                 ids = comp.prompt
-            sampling, salt = comp.sampling, comp.cache_salt
+            sampling, salt, priority = comp.sampling, comp.cache_salt, comp.priority
         if not ids:
             raise RequestError(400, "the prompt is empty after tokenization", "prompt")
         max_tokens = check_length(len(ids), sampling.max_tokens, max_len)
         if max_tokens != sampling.max_tokens:
             sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
-        return _Prepared(kind, ids, sampling, salt, lora)
+        return _Prepared(kind, ids, sampling, salt, lora, priority)
 
     def _engine_request(self, p: _Prepared, arrival: float) -> EngineRequest:
         room = self.s.config.effective_max_model_len - len(p.prompt_ids)
@@ -337,6 +339,7 @@ class _Handlers:
             cache_salt=p.cache_salt,
             lora_name=p.lora,
             arrival_time=arrival,
+            priority=p.priority,
         )
 
     def _usage(

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import anyio
 import anyio.lowlevel
@@ -56,9 +57,23 @@ class EngineHarness:
     events: list[KVEvent]
 
     def request(
-        self, rid: str, prompt: Sequence[int], max_tokens: int = 4, *, salt: str | None = None
+        self,
+        rid: str,
+        prompt: Sequence[int],
+        max_tokens: int = 4,
+        *,
+        salt: str | None = None,
+        priority: int = 0,
     ) -> EngineRequest:
-        return EngineRequest(rid, list(prompt), max_tokens, FixedTokens(), cache_salt=salt)
+        return EngineRequest(
+            rid,
+            list(prompt),
+            max_tokens,
+            FixedTokens(),
+            cache_salt=salt,
+            arrival_time=self.clock.now(),
+            priority=priority,
+        )
 
     def add(self, *reqs: EngineRequest) -> None:
         for req in reqs:
@@ -82,6 +97,7 @@ async def running_engine(
     max_waiting_requests: int = 0,
     enable_prefix_caching: bool = True,
     cost: CostModel | None = None,
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs",
 ) -> AsyncIterator[EngineHarness]:
     clock = VirtualClock()
     stats = RecordingStats()
@@ -93,6 +109,7 @@ async def running_engine(
         max_num_batched_tokens=max_num_batched_tokens,
         max_waiting_requests=max_waiting_requests,
         enable_prefix_caching=enable_prefix_caching,
+        scheduling_policy=scheduling_policy,
     )
     engine = Engine(limits, cost or CostModel(), clock=clock, stats=stats, event_sink=events.extend)
     task = asyncio.create_task(engine.run())

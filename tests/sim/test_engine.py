@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -131,6 +133,46 @@ async def test_cache_pressure_preempts_the_newest_running_request() -> None:
         assert h.stats.preemptions >= 1
         assert b.num_preemptions >= 1
         assert a.num_preemptions == 0
+        assert len(a.output_token_ids) == len(b.output_token_ids) == 12
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("priority", ["running", "early-1", "early-2", "late"]),
+        ("fcfs", ["running", "late", "early-1", "early-2"]),
+    ],
+)
+async def test_priority_policy_serves_lower_priority_values_first_fcfs_ignores_them(
+    policy: Literal["fcfs", "priority"], expected: list[str]
+) -> None:
+    """vLLM's --scheduling-policy priority: one sequence at a time; while "running" holds it, "late" (priority
+    9), then "early-1" and "early-2" (priority -1) arrive. Under the priority policy the -1s go first, in
+    arrival order; under FCFS the field is ignored."""
+    async with running_engine(max_num_seqs=1, scheduling_policy=policy) as h:
+        running = h.request("running", tokens(1, 5), max_tokens=8)
+        h.add(running)
+        await wait_until(lambda: bool(running.output_token_ids))
+        late = h.request("late", tokens(100, 5), priority=9)
+        h.add(late)
+        await anyio.lowlevel.checkpoint()
+        early = [h.request(f"early-{i}", tokens(200 * i, 5), priority=-1) for i in (1, 2)]
+        h.add(*early)
+        await h.finish(running, late, *early)
+        assert h.stats.finished_ids == expected
+
+
+async def test_priority_policy_preempts_the_least_urgent_running_request() -> None:
+    """Under cache pressure the priority policy preempts the running request with the largest (priority,
+    arrival): the older "a" here, where FCFS would preempt the newest, "b"."""
+    async with running_engine(
+        block_size=4, num_gpu_blocks=10, max_num_batched_tokens=64, scheduling_policy="priority"
+    ) as h:
+        a = h.request("a", tokens(100, 12), max_tokens=12, priority=5)
+        b = h.request("b", tokens(200, 12), max_tokens=12, priority=0)
+        h.add(a, b)
+        await h.finish(a, b)
+        assert a.num_preemptions >= 1 and b.num_preemptions == 0
         assert len(a.output_token_ids) == len(b.output_token_ids) == 12
 
 
