@@ -68,6 +68,15 @@ class QueueBoundsConfig(BaseModel):
 
     max_requests: int | None = Field(default=None, ge=1, description="Queued requests; null: no bound.")
     max_bytes: int | None = Field(default=None, ge=1, description="Queued request bodies in bytes.")
+    room_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="The share of an endpoint's room (headroom) this band's requests may fill: with 0.5 one "
+        "goes, at once or from the queue, only to an endpoint whose room is less than half in use, so the "
+        "rest stays free for higher bands (a replica serves what it already holds first, whatever the "
+        "priority). A request waiting past max_reorder_ms takes any room. null: all of it.",
+    )
 
 
 class ProgramAwareConfig(BaseModel):

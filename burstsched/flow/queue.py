@@ -245,7 +245,7 @@ class FlowQueue:
             admitted = dataclasses.replace(admitted, decision=decision)
         room = self._room_now(request.model, decision.ranked[0].name)
         if room is not None and (
-            (room.open and not self._models.get(request.model))
+            (self._opens(room, identity.priority) and not self._models.get(request.model))
             or (self._rides_along(request, admitted, room, sent) and not self._group_queued(request))
         ):
             self._note_sent(request, room.name, now)
@@ -464,6 +464,20 @@ class FlowQueue:
             own = min(own, _past(request, shared_blocks(sent.chain, request.block_hashes)))
         return own <= limit
 
+    def _opens(self, room: Room, priority: int) -> bool:
+        """Whether ``room`` takes a request of band ``priority``: it is open, and less of it is in use than
+        the band's ``room_share``."""
+        bounds = self._config.bands.get(priority)
+        share = bounds.room_share if bounds is not None else None
+        return room.open and (share is None or room.used() < share)
+
+    def _opener(self, rooms: Mapping[str, Room], priority: int, overdue: bool) -> Callable[[str], bool]:
+        """Whether an endpoint has room for a group of band ``priority`` in this pass: any room for an
+        overdue group (nothing waits past ``max_reorder_ms`` for a band's share), else its band's share."""
+        if overdue:
+            return lambda name: rooms[name].open
+        return lambda name: self._opens(rooms[name], priority)
+
     def _room(self, endpoint: EndpointSnapshot) -> Room:
         return room_of(endpoint, self._config.headroom, self._reserved.get(endpoint.name))
 
@@ -581,11 +595,12 @@ class FlowQueue:
                 continue
             members = members[: self._max_per_endpoint]
             own = _own_tokens(members, decision)
+            opens = self._opener(rooms, members[0].identity.priority, overdue)
             sent = self._following(as_one, now)
-            if sent is not None and sent.endpoint in rooms and rooms[sent.endpoint].open:
+            if sent is not None and sent.endpoint in rooms and opens(sent.endpoint):
                 target: str | None = sent.endpoint
             else:
-                target = _target(ranked, rooms, backlog, own, overdue, self._config.stay_margin)
+                target = _target(ranked, opens, backlog, own, overdue, self._config.stay_margin)
             if target is None:
                 pending[ranked[0]] = pending.get(ranked[0], 0) + len(members)
                 backlog.add(ranked[0], own(ranked[0]))
@@ -715,7 +730,7 @@ class _Backlog:
 
 def _target(
     ranked: Sequence[str],
-    rooms: Mapping[str, Room],
+    opens: Callable[[str], bool],
     backlog: _Backlog,
     own: Callable[[str], int],
     overdue: bool,
@@ -726,11 +741,12 @@ def _target(
     (whose backlog it then joins): a cold group takes any room; a group warmer at its first choice moves
     only when waiting there costs more than ``1 + stay_margin`` times its first token elsewhere (moving
     computes its prefix again and adds that to the pool's work, so an estimate's error must not move it).
-    An overdue group takes the best-ranked room. None: it waits."""
+    An overdue group takes the best-ranked room. None: it waits. (``opens``: whether an endpoint has room for
+    this group's band.)"""
     first_choice = ranked[0]
-    if rooms[first_choice].open:
+    if opens(first_choice):
         return first_choice
-    with_room = [name for name in ranked if rooms[name].open]
+    with_room = [name for name in ranked if opens(name)]
     if not with_room:
         return None
     if overdue:

@@ -540,3 +540,31 @@ async def test_a_request_follows_its_group_prefix_to_where_it_went() -> None:
         assert h.endpoint("later-6") == "e1"
 
     await run(h, steps)
+
+
+async def test_a_bands_room_share_keeps_the_rest_of_an_endpoints_room_for_higher_bands() -> None:
+    """Band 0 may fill half of an endpoint's room (``room_share`` 0.5). e1 has one of its two prefill slots
+    in use: a band-0 request waits while a band-10 one, arrived after it, goes; past ``max_reorder_ms`` the
+    band-0 request takes the room anyway (no band waits forever for its share)."""
+    config = flow_config(bands={0: QueueBoundsConfig(room_share=0.5)})
+    h = Harness(config, names=("e1",))
+    h.pool.set("e1", prefilling=1)
+
+    async def steps(tg: anyio.abc.TaskGroup) -> None:
+        h.submit(tg, doc("standard", 1), Identity(0, "default"))
+        h.submit(tg, doc("urgent", 2), Identity(10, "default"))
+        await settle()
+        h.queue.release_pass()
+        await settle()
+        assert set(h.results) == {"urgent"} and h.released("urgent").overtook == 1
+        h.pool.set("e1", prefilling=1)  # the urgent one's prefill ended; the other slot is still busy
+        h.clock.advance(0.5)
+        h.queue.release_pass()
+        await settle()
+        assert "standard" not in h.results  # half the room in use: not for band 0
+        h.clock.advance(0.6)  # past max_reorder_ms (1 s)
+        h.queue.release_pass()
+        await settle()
+        assert h.released("standard").queued and h.endpoint("standard") == "e1"
+
+    await run(h, steps)
