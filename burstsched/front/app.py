@@ -149,7 +149,7 @@ class Router:
             prefill_cap=outcome.prefill_cap,
         )
         if self.recorder is not None:  # queued here (response sent); formatted and written in batches
-            self.recorder.record(arrived, parsed, request, outcome.admitted, served)
+            self.recorder.record(arrived, parsed, request, outcome.admitted, served, outcome.queued_s)
         if self.flow is not None and served.outcome == "ok":  # the tokens it used, for program-aware fairness
             prompt_tokens, output_tokens, _ = usage_counts(served.response_tail)
             flow = outcome.identity.flow

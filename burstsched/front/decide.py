@@ -88,6 +88,8 @@ class Decided:
     shared_blocks: int
     identity: Identity
     capped: bool = False
+    queued_s: float = 0.0
+    """How long the flow queue held it (0: it went straight through)."""
 
     @property
     def prefill_cap(self) -> int | None:
@@ -153,7 +155,7 @@ async def decide(
             return Refusal(429, message, "throttled", _retry_after(router.config.flow_control.retry_after_s))
     if trace is not None:
         trace.admission_started()
-    capped = False
+    capped, queued_s = False, 0.0
     try:
         admitted: Admitted | None
         if deadline is None:
@@ -189,6 +191,7 @@ async def decide(
             role, shared_blocks, capped = str(Role.BYPASS), 0, True
         elif released.queued:
             decision, role, shared_blocks = released.decision, str(released.role), released.shared_blocks
+            queued_s = released.waited_s
             if trace is not None:
                 trace.queued(released.waited_s, identity.priority, identity.flow, released.overtook)
     if allowed is not None and not any(s.endpoint.healthy and allowed(s.endpoint) for s in decision.ranked):
@@ -199,7 +202,7 @@ async def decide(
         router.prewarmer.consider(api, parsed.payload, request, decision)
     if router.config.flow_control.engine_priority:
         parsed = with_engine_priority(parsed, identity.priority)
-    return Decided(parsed, request, admitted, decision, role, shared_blocks, identity, capped)
+    return Decided(parsed, request, admitted, decision, role, shared_blocks, identity, capped, queued_s)
 
 
 def resolve_model(router: Router, model: str | None) -> str:

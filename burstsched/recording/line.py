@@ -152,6 +152,7 @@ Entry = tuple[
     bytes,  # the response's tail (usage)
     Any,  # the prompt text (include_text: the messages or the prompt) or None
     Decision | None,  # the scheduler's decision (decisions) or None
+    float,  # queued_s: the wait in the router's flow-control queue (0: it went straight through)
 ]
 """One finished request's fields, as the recorder reads them (the text only with ``include_text``, the
 decision only with ``decisions``)."""
@@ -189,6 +190,7 @@ class Line(msgspec.Struct, gc=False):
     e2e_ms: float
     text: Any = msgspec.UNSET
     decision: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    queued_ms: float | msgspec.UnsetType = msgspec.UNSET
 
 
 def line_of(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: bool) -> Line:
@@ -221,6 +223,7 @@ def line_of(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: b
         response_tail,
         text,
         decision,
+        queued_s,
     ) = entry
     input_tokens, output_tokens, cached_tokens = usage_counts(response_tail)
     line = Line(
@@ -252,6 +255,8 @@ def line_of(entry: Entry, wall_offset: float, bytes_per_token: int, with_text: b
         line.text = text
     if decision is not None:
         line.decision = msgspec.Raw(decision_json(decision).encode())
+    if queued_s > 0:
+        line.queued_ms = round(queued_s * 1e6) / 1e3
     return line
 
 

@@ -120,6 +120,7 @@ class Recorder:
         request: SchedRequest,
         admitted: Admitted,
         served: Served,
+        queued_s: float = 0.0,
     ) -> None:
         """Queue one finished request's fields (``arrived``: ``clock()`` when it came in); never blocks,
         never raises.
@@ -155,6 +156,7 @@ class Recorder:
                 served.response_tail,
                 prompt_text_of(payload) if self._include_text else None,
                 admitted.decision if self._decisions else None,
+                queued_s,
             )
         except Exception:  # e.g. a hash past 64 bits: the request must never see it
             self._malformed += 1

@@ -34,6 +34,8 @@ class TracedRequest:
     e2e_ms: float | None = None
     endpoint: str | None = None
     outcome: str = "ok"
+    held_ms: float = 0.0
+    """How long the router held it before sending it: admission's wait plus the flow queue's."""
 
     @property
     def output_budget(self) -> int:
@@ -122,7 +124,12 @@ def _request(line: dict[str, object], start: float) -> TracedRequest:
         e2e_ms=float(e2e) if isinstance(e2e, int | float) else None,
         endpoint=line.get("endpoint") if isinstance(line.get("endpoint"), str) else None,  # type: ignore[arg-type]
         outcome=str(line.get("outcome", "ok")),
+        held_ms=_ms(line.get("waited_ms")) + _ms(line.get("queued_ms")),
     )
+
+
+def _ms(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and value > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

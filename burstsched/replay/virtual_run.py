@@ -222,12 +222,15 @@ async def replay_virtual(
         async def one(index: int) -> None:
             nonlocal ok
             request = requests[index]
-            await asyncio.sleep(max(0.0, origin + request.t / options.speed - loop.time()))
+            # with recorded placement a request leaves when the live router sent it (after its admission
+            # window and flow queue) and its TTFT counts from its arrival, as the recording's does
+            held = request.held_ms / 1000.0 / options.speed if isinstance(config, RecordedPlacement) else 0.0
+            await asyncio.sleep(max(0.0, origin + request.t / options.speed + held - loop.time()))
             body = json.dumps(completion_body(model, prompts[index], request)).encode()
             succeeded, first = await _send(client, targets[index], body, f"replay-{index}", loop.time)
             ok += succeeded
             if succeeded and first is not None:
-                ttfts[index] = first * 1000.0
+                ttfts[index] = (first + held) * 1000.0
 
         async with asyncio.TaskGroup() as tg:
             for index in range(len(requests)):

@@ -166,6 +166,7 @@ def _entry(**fields: Any) -> Entry:
         "response_tail": b'{"usage":{"prompt_tokens":130,"completion_tokens":8,"total_tokens":138}}',
         "text": None,
         "decision": None,
+        "queued_s": 0.0,
         **fields,
     }
     return tuple(values.values())
@@ -186,7 +187,7 @@ def test_the_formatted_line_is_the_json_of_the_documented_fields(fields: dict[st
     order, same values (times rounded to the µs), escaped strings, null for what is missing."""
     entry = _entry(**fields)
     (arrived, ended, rid, api, model, stream, block_tokens, blocks, prompt, mct, mt, window, group, role,
-     size, waited, endpoint, outcome, first, tail, _payload, _decision) = entry  # fmt: skip
+     size, waited, endpoint, outcome, first, tail, _payload, _decision, _queued) = entry  # fmt: skip
     counts = usage_of(tail)
     limit = mct if type(mct) is int else mt if type(mt) is int else None
     expected = {
@@ -226,6 +227,13 @@ def test_the_line_is_byte_for_byte_the_v1_line() -> None:
     assert format_line(entry, 1_700_000_000.0, 4, with_text=False) == line + b"}\n"
     text = ',"text":[{"role":"user","content":"h\u00e9"}]}\n'.encode()
     assert format_line(entry, 1_700_000_000.0, 4, with_text=True) == line + text
+
+
+def test_a_request_the_flow_queue_held_says_how_long_others_do_not() -> None:
+    """``queued_ms`` follows the line's other fields only when the flow-control queue held the request."""
+    held = json.loads(format_line(_entry(queued_s=1.2345678), 1000.0, 4, with_text=False))
+    assert list(held)[-1] == "queued_ms" and held["queued_ms"] == 1234.568
+    assert "queued_ms" not in json.loads(format_line(_entry(), 1000.0, 4, with_text=False))
 
 
 def test_times_are_rounded_to_the_microsecond() -> None:

@@ -133,6 +133,31 @@ def test_recorded_placement_sends_each_request_to_its_recorded_endpoint_s_replic
     assert run(too_few) == 2
 
 
+def test_recorded_placement_sends_a_held_request_when_the_router_did_and_times_it_from_arrival(
+    tmp_path: Path,
+) -> None:
+    """A request the live router held (admission's ``waited_ms`` plus the flow queue's ``queued_ms``) leaves
+    that much later in a recorded-placement replay, and its TTFT still counts from its arrival: on virtual
+    time, exactly the hold more than the same trace without it."""
+    trace = tmp_path / "trace.jsonl"
+    _write_trace(trace, count=4)
+    lines = [json.loads(text) for text in trace.read_text().splitlines()]
+    for line in lines:
+        line["waited_ms"] = 0.0
+    plain = read_trace([trace])
+    lines[2]["waited_ms"], lines[2]["queued_ms"] = 10.0, 1490.0
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    held = read_trace([trace])
+    assert [r.held_ms for r in held] == [0.0, 0.0, 1500.0, 0.0]
+    options = ReplayOptions(replicas=2, virtual_time=True)
+    placement = RecordedPlacement()
+    before = run_config(placement.label, placement, plain, rebuild_prompts(plain), options)
+    after = run_config(placement.label, placement, held, rebuild_prompts(held), options)
+    assert before.ok == after.ok == 4
+    late, early = after.ttft_by_request_ms[2], before.ttft_by_request_ms[2]
+    assert late is not None and early is not None and late >= early + 1500.0 - 1e-6
+
+
 def test_the_replicas_kv_caches_come_from_the_trace_unless_the_flags_say_otherwise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
