@@ -182,6 +182,14 @@ class FlowControlConfig(BaseModel):
         description="A queued request waiting this long is released first, to the best endpoint with room, "
         "whatever its prefix: the bound on how long the cache-aware order may pass it over.",
     )
+    max_wait_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="A request queued this long is sent at once to the best endpoint for it, room or not (it "
+        "then waits in the replica's own queue): a hard bound on a request's wait in the router, which "
+        "max_reorder_ms alone is not past capacity (an overdue request still waits for room). null: none; "
+        "a request waits for room until ttl_ms.",
+    )
     stay_margin: float = Field(
         default=1.0,
         ge=0,

@@ -17,6 +17,8 @@ first token or end, a scrape) and every ``tick`` while anything waits, what goes
   a group this queue released) follows it there: sent elsewhere, it would compute that prefix again. It
   rides along when what it adds past the shared prefix is small; a queued group following an endpoint goes
   there when that endpoint has room;
+- a group whose oldest request has waited ``max_wait_ms`` (when set) goes at once to its best endpoint,
+  room or not, and waits in the replica's queue: the hard bound on a wait here;
 - each group is ranked by the scheduler, as admission would, over the endpoints with the groups taken
   before it in this pass counted as their load; it goes when its first endpoint has room. Otherwise it waits
   for that endpoint (a warm group waits for its cache rather than computing its prefix again elsewhere), its
@@ -567,7 +569,9 @@ class FlowQueue:
     def _release_model(self, model: str, items: list[_Item], now: float) -> None:
         endpoints = self._snapshots(model)
         rooms = {e.name: self._room(e) for e in endpoints}
-        if not any(r.open for r in rooms.values()):
+        max_wait = self._config.max_wait_ms / 1000.0 if self._config.max_wait_ms is not None else None
+        due = max_wait is not None and now - items[0].since >= max_wait  # items: in arrival order
+        if not due and not any(r.open for r in rooms.values()):
             return
         reorder = self._config.max_reorder_ms / 1000.0
         groups = self._groups(items, now, reorder)
@@ -583,9 +587,12 @@ class FlowQueue:
         backlog = _Backlog(endpoints, self._reserved)
         gate = self._ceiling_gate(endpoints, rooms)
         for sort_key, members, as_one, state in states:
-            if not any(r.open for r in rooms.values()):
-                return
-            if gate is not None and not gate.allows(members[0].identity.priority):
+            forced = max_wait is not None and now - members[0].since >= max_wait
+            if not forced and not any(r.open for r in rooms.values()):
+                if not due:
+                    return
+                continue  # only groups past max_wait_ms go now
+            if not forced and gate is not None and not gate.allows(members[0].identity.priority):
                 continue  # its band is at its ceiling: it stays queued
             overdue = sort_key[1] == 0
             loaded = [dataclasses.replace(e, pending=e.pending + pending.get(e.name, 0)) for e in endpoints]
@@ -601,6 +608,8 @@ class FlowQueue:
                 target: str | None = sent.endpoint
             else:
                 target = _target(ranked, opens, backlog, own, overdue, self._config.stay_margin)
+            if target is None and forced:
+                target = ranked[0]  # past max_wait_ms: it goes, and waits in the replica
             if target is None:
                 pending[ranked[0]] = pending.get(ranked[0], 0) + len(members)
                 backlog.add(ranked[0], own(ranked[0]))

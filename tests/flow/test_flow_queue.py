@@ -568,3 +568,30 @@ async def test_a_bands_room_share_keeps_the_rest_of_an_endpoints_room_for_higher
         assert h.released("standard").queued and h.endpoint("standard") == "e1"
 
     await run(h, steps)
+
+
+async def test_past_max_wait_ms_a_request_goes_with_no_room_anywhere() -> None:
+    """``max_wait_ms`` 1500: with both endpoints full, a request waits through ``max_reorder_ms`` (1 s:
+    overdue, but no endpoint has room) and goes at 1.5 s to its best endpoint anyway; one that came later
+    still waits. Without the setting it would wait for room until its TTL."""
+    h = Harness(flow_config(max_wait_ms=1500.0))
+    h.pool.full("e1", "e2")
+
+    async def steps(tg: anyio.abc.TaskGroup) -> None:
+        h.submit(tg, doc("old", 1))
+        await settle()
+        h.clock.advance(0.5)
+        h.submit(tg, doc("new", 2))
+        await settle()
+        h.clock.advance(0.7)  # old: 1.2 s, overdue; nothing has room
+        h.queue.release_pass()
+        await settle()
+        assert not h.results
+        h.clock.advance(0.3)  # old: 1.5 s
+        h.queue.release_pass()
+        await settle()
+        assert set(h.results) == {"old"} and h.released("old").waited_s == pytest.approx(1.5)
+        assert h.queue.depth == 1
+        h.pool.room("e1", "e2")
+
+    await run(h, steps)
