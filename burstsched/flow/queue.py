@@ -58,6 +58,7 @@ from burstsched.framework import (
     EndpointSnapshot,
     PrefixMatch,
     SchedRequest,
+    tokens_past,
     uncached_tokens,
 )
 from burstsched.scheduling import Decider
@@ -461,9 +462,9 @@ class FlowQueue:
             return False
         own = uncached_tokens(request, admitted.decision.matches.get(room.name))
         if admitted.role in SHARING_ROLES:
-            own = min(own, _past(request, admitted.shared_blocks))
+            own = min(own, tokens_past(request, admitted.shared_blocks))
         if sent is not None and sent.endpoint == room.name:
-            own = min(own, _past(request, shared_blocks(sent.chain, request.block_hashes)))
+            own = min(own, tokens_past(request, shared_blocks(sent.chain, request.block_hashes)))
         return own <= limit
 
     def _opens(self, room: Room, priority: int) -> bool:
@@ -681,7 +682,7 @@ class FlowQueue:
                 released = Released(chosen, Role.LEADER, 0, now - item.since, queued=True)
             else:
                 shared = shared_blocks(leader.block_hashes, request.block_hashes)
-                tokens = max(0, request.prompt_tokens - shared * request.block_tokens)
+                tokens = tokens_past(request, shared)
                 released = Released(chosen, Role.MEMBER, shared, now - item.since, queued=True)
             room.take(tokens)
             self._release(item, released, target, tokens)
@@ -706,11 +707,6 @@ def _unknown_there(request: SchedRequest, decision: Decision, sent: _Sent) -> bo
     shared = shared_blocks(sent.chain, request.block_hashes)
     match = decision.matches.get(name)
     return match is None or match.matched_blocks * match.block_tokens < shared * request.block_tokens
-
-
-def _past(request: SchedRequest, shared: int) -> int:
-    """``request``'s prompt tokens past its first ``shared`` blocks."""
-    return max(0, request.prompt_tokens - shared * request.block_tokens)
 
 
 class _Backlog:
@@ -774,7 +770,7 @@ def _own_tokens(members: Sequence[_Item], decision: Decision) -> Callable[[str],
     tails = 0
     for item in members[1:]:
         shared = shared_blocks(leader.block_hashes, item.request.block_hashes)
-        tails += max(0, item.request.prompt_tokens - shared * item.request.block_tokens)
+        tails += tokens_past(item.request, shared)
 
     def on(name: str) -> int:
         return uncached_tokens(leader, decision.matches.get(name)) + tails

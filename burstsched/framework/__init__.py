@@ -34,6 +34,7 @@ from burstsched.framework.types import (
     SchedRequest,
     ScoredEndpoint,
     TtftEstimate,
+    tokens_past,
     uncached_tokens,
 )
 from burstsched.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
@@ -71,6 +72,7 @@ __all__ = [
     "ScoredEndpoint",
     "Scorer",
     "TtftEstimate",
+    "tokens_past",
     "uncached_tokens",
     "check_label_key",
     "check_label_value",

@@ -182,6 +182,12 @@ class Decision:
         return self.matches.get(self.ranked[0].name)
 
 
+def tokens_past(request: SchedRequest, blocks: int) -> int:
+    """``request``'s prompt tokens past its first ``blocks`` blocks: what it computes where those blocks are
+    computed already (e.g. by its burst group's leader)."""
+    return max(0, request.prompt_tokens - blocks * request.block_tokens)
+
+
 def uncached_tokens(request: SchedRequest, match: PrefixMatch | None) -> int:
     """The prompt tokens an endpoint must still compute for ``request`` given its prefix ``match``: the
     engine's tokens when the match is precise, else the request's pseudo-tokens (about one per 4 bytes)."""

@@ -39,7 +39,7 @@ from burstsched.admission import (
     Role,
 )
 from burstsched.flow import Disconnected, FlowRefused, Identity, Released, identify
-from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest
+from burstsched.framework import ApiKind, Decision, EndpointSnapshot, SchedRequest, tokens_past
 from burstsched.front.engine_priority import with_engine_priority
 from burstsched.front.plugin_headers import plugin_request_headers
 from burstsched.front.request import ParsedRequest, RequestError, parse_request
@@ -97,8 +97,7 @@ class Decided:
         once, by the group's first request, so only its own rest counts (None: no cap)."""
         if self.role not in SHARING_ROLES:
             return None
-        request = self.request
-        return max(0, request.prompt_tokens - self.shared_blocks * request.block_tokens)
+        return tokens_past(self.request, self.shared_blocks)
 
 
 async def decide(

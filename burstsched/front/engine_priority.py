@@ -20,12 +20,11 @@ def with_engine_priority(parsed: ParsedRequest, priority: int) -> ParsedRequest:
     when the band is 0 or the client set ``priority`` itself."""
     if priority == 0 or "priority" in parsed.payload:
         return parsed
-    field = b'"priority":' + str(-priority).encode()
+    payload = {**parsed.payload, "priority": -priority}
     body = parsed.body
     start = body.find(b"{")
     if start < 0 or not parsed.payload:  # not an object with members (parsing let it through): rebuild it
-        body = json.dumps({**parsed.payload, "priority": -priority}, separators=(",", ":")).encode()
+        body = json.dumps(payload, separators=(",", ":")).encode()
     else:  # the field first, the client's bytes after it untouched
-        body = body[: start + 1] + field + b"," + body[start + 1 :]
-    payload = {**parsed.payload, "priority": -priority}
+        body = body[: start + 1] + b'"priority":' + str(-priority).encode() + b"," + body[start + 1 :]
     return dataclasses.replace(parsed, body=body, payload=payload)

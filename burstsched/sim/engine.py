@@ -483,8 +483,7 @@ class Engine:
         """Into the waiting queue: at its tail (new) or head (preempted) under FCFS; in
         ``(priority, arrival_time)`` order under the priority policy."""
         if self._by_priority():
-            keys = [_urgency(r) for r in self._waiting]
-            self._waiting.insert(bisect.bisect_right(keys, _urgency(req)), req)
+            bisect.insort_right(self._waiting, req, key=_urgency)
         elif at_head:
             self._waiting.appendleft(req)
         else:
